@@ -1,0 +1,42 @@
+# Two set-up commands for a fresh machine (see README.md):
+#   make demo   prepare the Bible corpus (and, as later issues land, train, translate, score)
+#   make test   run the default test suite (what .ci/run calls)
+# Both create or reuse the virtual environment in $(VENV) and install what they need.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+DATA ?= data/bible
+
+.PHONY: venv sword data demo test test-slow lint clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+# The SWORD Bible modules come from Debian packages (apt-get, needs root or sudo).
+sword:
+	bash launch/install_sword.sh
+
+data: venv sword
+	$(BIN)/python launch/prepare_data.py --corpus bible --out $(DATA)
+
+demo: data
+
+test: venv
+	SWORD_OPTIONAL=1 bash launch/install_sword.sh
+	$(BIN)/python -m pytest -q -ra
+
+test-slow: venv sword
+	$(BIN)/python -m pytest -q -ra -m slow
+
+lint: venv
+	$(BIN)/ruff check docnmt_jax launch tests configs
+
+clean:
+	rm -rf $(VENV) data runs .pytest_cache

@@ -1,0 +1,1 @@
+"""Corpora, readers, tokenizer and the tf.data document pipeline."""
