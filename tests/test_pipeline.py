@@ -13,7 +13,6 @@ import pytest
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.pipeline import (
     BATCH_FEATURES,
-    EOS_ID,
     PipelineConfig,
     make_dataset,
     measure_throughput,
@@ -21,6 +20,7 @@ from docnmt_jax.data.pipeline import (
     plan_batches,
     tokenize_corpus,
 )
+from docnmt_jax.data.tokenizer import EOS_ID
 
 # Small geometry so that every bucket, the promotion chain and padding all occur.
 BASE = PipelineConfig(

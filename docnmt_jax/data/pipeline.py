@@ -66,14 +66,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from docnmt_jax.data.documents import Document
+from docnmt_jax.data.tokenizer import EOS_ID
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-PAD_ID = 0
-EOS_ID = 1
-BOS_ID = 2
-UNK_ID = 3
 
 Encode = Callable[[Sequence[str]], list[list[int]]]
 Batch = dict[str, np.ndarray]
