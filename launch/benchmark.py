@@ -1,11 +1,15 @@
 """Benchmarks of the toolkit, one section per component, selected with ``--sections``.
 
 Sections:
+  peak      the machine's matrix-multiply peak (GFLOP/s), float32 and bfloat16
+  train     train-step time, target tokens/s and achieved GFLOP/s (FLOPs counted by XLA's
+            cost analysis of the compiled step) against the measured peak, per model
   pipeline  throughput of the tf.data document pipeline on a TSV of documents
             (``doc_id<TAB>src<TAB>tgt``), in document mode and sentence-level mode, for the
             tf.data dataset and the plain NumPy iterator.
 
 Usage:
+  python launch/benchmark.py --sections peak,train [--models transformer] [--size ted]
   python launch/benchmark.py --sections pipeline --tsv data/bible/train.tsv \\
       [--spm MODEL.model] [--num-batches 2000] [--json runs/bench.json]
 
@@ -131,10 +135,154 @@ def print_pipeline(result: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# peak and train
+
+
+def _time(fn: Callable[[], Any], repeats: int) -> list[float]:
+    import jax
+
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def peak_section(args: argparse.Namespace) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    n = args.peak_size
+    result: dict[str, Any] = {"size": n, "device": str(jax.devices()[0])}
+    for name, dtype in (("float32", jnp.float32), ("bfloat16", jnp.bfloat16)):
+        a = jnp.ones((n, n), dtype)
+        matmul = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
+        jax.block_until_ready(matmul(a, a))
+        times = sorted(_time(lambda a=a, f=matmul: f(a, a), 5))
+        result[f"{name}_gflops"] = 2 * n**3 / times[len(times) // 2] / 1e9
+    return result
+
+
+def print_peak(result: dict[str, Any]) -> None:
+    print(
+        f"\n### peak: {result['size']}x{result['size']} matmul on {result['device']}: "
+        f"float32 {result['float32_gflops']:.0f} GFLOP/s, "
+        f"bfloat16 {result['bfloat16_gflops']:.0f} GFLOP/s\n"
+    )
+
+
+SIZES = {
+    "ted": {"d_model": 256, "num_heads": 4, "ffn_dim": 512, "layers": 4},
+    "base": {"d_model": 512, "num_heads": 8, "ffn_dim": 2048, "layers": 6},
+}
+
+
+def _train_batch(rows: int, sentences: int, length: int, vocab: int) -> dict[str, Any]:
+    """A fully real (no padding) batch ``[rows, sentences, length]`` of random ids."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    shape = (rows, sentences, length)
+    ones = np.ones(shape, np.int32)
+    positions = np.broadcast_to(np.arange(length, dtype=np.int32), shape).copy()
+    segments = np.broadcast_to(np.arange(1, sentences + 1, dtype=np.int32)[:, None], shape)
+    return {
+        "src": rng.integers(4, vocab, shape).astype(np.int32),
+        "tgt": rng.integers(4, vocab, shape).astype(np.int32),
+        "src_mask": ones,
+        "tgt_mask": ones,
+        "src_positions": positions,
+        "tgt_positions": positions,
+        "src_segment_ids": segments.copy(),
+        "tgt_segment_ids": segments.copy(),
+        "sentence_mask": np.ones((rows, sentences), np.int32),
+        "doc_index": np.arange(rows, dtype=np.int32),
+        "chunk_index": np.zeros(rows, np.int32),
+        "sentence_offset": np.zeros(rows, np.int32),
+    }
+
+
+def train_section(args: argparse.Namespace) -> dict[str, Any]:
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from docnmt_jax.models import build_task
+    from docnmt_jax.training import optim, trainer
+
+    size = SIZES[args.size]
+    rows = max(1, args.batch_tokens // args.length)
+    batch = _train_batch(rows, 1, args.length, args.vocab)
+    results = []
+    for name in args.models.split(","):
+        model_cfg = {
+            "name": name,
+            "d_model": size["d_model"],
+            "num_heads": size["num_heads"],
+            "ffn_dim": size["ffn_dim"],
+            "num_encoder_layers": size["layers"],
+            "num_decoder_layers": size["layers"],
+            "dtype": args.dtype,
+        }
+        task = build_task(model_cfg, args.vocab)
+        params = nn.meta.unbox(task.init(jax.random.PRNGKey(0), batch)["params"])
+        tx, schedule = optim.make_optimizer(size["d_model"], warmup_steps=4000)
+        train_step, _ = trainer.make_steps(task, tx, schedule, smoothing=0.1, seed=0)
+        state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+        t0 = time.perf_counter()
+        compiled = train_step.lower(state, batch).compile()
+        compile_s = time.perf_counter() - t0
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        flops = float(cost.get("flops", 0.0))
+        for _ in range(2):  # warm-up
+            state, _ = compiled(state, batch)
+        jax.block_until_ready(state)
+        times = []
+        for _ in range(args.steps):
+            t = time.perf_counter()
+            state, metrics = compiled(state, batch)
+            jax.block_until_ready(metrics)
+            times.append(time.perf_counter() - t)
+        step_s = sorted(times)[len(times) // 2]
+        tokens = rows * args.length
+        results.append(
+            {
+                "model": name,
+                "batch": [rows, 1, args.length],
+                "target_tokens": tokens,
+                "compile_seconds": compile_s,
+                "step_seconds": step_s,
+                "tokens_per_s": tokens / step_s,
+                "xla_flops_per_step": flops,
+                "gflops_per_s": flops / step_s / 1e9,
+            }
+        )
+    return {"size": args.size, "dtype": args.dtype, "runs": results}
+
+
+def print_train(result: dict[str, Any], peak: dict[str, Any] | None = None) -> None:
+    print(f"\n### train: size {result['size']}, {result['dtype']}\n")
+    print("| model | batch | step ms | target tokens/s | GFLOP/step (XLA) | GFLOP/s | of peak |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    peak_gflops = (peak or {}).get(f"{result['dtype']}_gflops")
+    for r in result["runs"]:
+        share = f"{100 * r['gflops_per_s'] / peak_gflops:.0f}%" if peak_gflops else "n/a"
+        print(
+            f"| {r['model']} | {'x'.join(map(str, r['batch']))} | {1000 * r['step_seconds']:.0f} "
+            f"| {r['tokens_per_s']:,.0f} | {r['xla_flops_per_step'] / 1e9:.1f} "
+            f"| {r['gflops_per_s']:.1f} | {share} |"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 SECTIONS: dict[str, tuple[Section, Callable[[dict[str, Any]], None]]] = {
     "pipeline": (pipeline_section, print_pipeline),
+    "peak": (peak_section, print_peak),
+    "train": (train_section, print_train),
 }
 
 
@@ -142,6 +290,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--sections", default="pipeline", help=f"comma-separated: {', '.join(SECTIONS)}")
     p.add_argument("--json", help="write all results to this JSON file")
+    g = p.add_argument_group("peak and train")
+    g.add_argument("--peak-size", type=int, default=2048, help="matrix size of the peak test")
+    g.add_argument("--models", default="transformer", help="comma-separated model names")
+    g.add_argument("--size", default="ted", choices=sorted(SIZES), help="model size")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    g.add_argument("--length", type=int, default=32, help="tokens per sentence in train batches")
+    g.add_argument("--vocab", type=int, default=8000, help="vocabulary size")
+    g.add_argument("--steps", type=int, default=10, help="timed train steps (median reported)")
     g = p.add_argument_group("pipeline")
     g.add_argument("--tsv", default="data/bible/train.tsv", help="TSV corpus of documents")
     g.add_argument("--spm", help="SentencePiece model; default: whitespace word-level encoder")
@@ -167,7 +323,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for name in args.sections.split(","):
         run, show = SECTIONS[name]
         results[name] = run(args)
-        show(results[name])
+        if name == "train":
+            show(results[name], results.get("peak"))
+        else:
+            show(results[name])
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w", encoding="utf-8") as f:

@@ -1,0 +1,64 @@
+"""Sentence-level Transformer (SENTNMT of Zheng et al. 2020) at their TED size, on the Bible.
+
+Train: ``python launch/train.py --config configs/transformer.py --workdir runs/transformer``.
+Every key below can be overridden on the command line, e.g. ``--config.train.num_steps=2000``.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+
+    # Model: Zheng et al. 2020, Sec. 5 (TED): d_model 256, ffn 512, 4 layers, 4 heads.
+    config.model = ml_collections.ConfigDict()
+    config.model.name = "transformer"  # which model module builds the network
+    config.model.d_model = 256  # model (embedding) dimension
+    config.model.num_heads = 4  # attention heads
+    config.model.ffn_dim = 512  # feed-forward inner dimension
+    config.model.num_encoder_layers = 4  # encoder layers (N)
+    config.model.num_decoder_layers = 4  # decoder layers (N)
+    config.model.dropout_rate = 0.1  # residual and embedding dropout
+    config.model.attention_dropout_rate = 0.0  # dropout on attention weights
+    config.model.relu_dropout_rate = 0.0  # dropout inside the feed-forward block
+    config.model.pre_ln = False  # False: post-LayerNorm as in the papers; True: pre-LN
+    config.model.dtype = "float32"  # compute dtype: float32 or bfloat16 (params stay float32)
+
+    # Data: the prepared Bible corpus, or your own files via data.train / data.dev.
+    config.data = ml_collections.ConfigDict()
+    config.data.corpus = "bible"  # name of a prepared corpus directory (launch/prepare_data.py)
+    config.data.data_dir = "data/bible"  # where that corpus's train/dev/test.tsv live
+    config.data.train = ""  # own training corpus: FILE.tsv or "SRC,TGT" (plain or <d> format)
+    config.data.dev = ""  # own dev corpus, same formats (required when data.train is set)
+    config.data.format = "auto"  # reader format: auto | tsv | text | maruf
+    config.data.tokenizer = ""  # existing sentencepiece model; empty: train WORKDIR/spm.model
+    config.data.vocab_size = 8000  # joint sentencepiece vocabulary (trained on train only)
+    config.data.sentence_level = True  # each sentence its own document (sentence models)
+    config.data.max_sentences = 20  # sentences per document chunk (document models)
+    config.data.max_src_len = 128  # tokens per source sentence incl. EOS (longer: truncated)
+    config.data.max_tgt_len = 128  # tokens per target sentence incl. EOS
+    config.data.batch_src_tokens = 2048  # padded source tokens per training batch
+    config.data.batch_tgt_tokens = 2048  # padded target tokens per training batch
+    config.data.eval_batch_tokens = 4096  # padded tokens per side per dev batch
+
+    # Training: Adam(0.9, 0.98, 1e-9), inverse-sqrt schedule (Vaswani et al. 2017, Eq. 3).
+    config.train = ml_collections.ConfigDict()
+    config.train.seed = 0  # parameters, dropout and data order
+    config.train.num_steps = 100_000  # optimiser steps (one batch each)
+    config.train.warmup_steps = 8000  # linear warm-up, then 1/sqrt(step) decay
+    config.train.lr_scale = 1.0  # multiplies the whole learning-rate curve
+    config.train.label_smoothing = 0.1  # eps of the smoothed target distribution
+    config.train.clip_norm = 0.0  # global gradient-norm clipping; 0 disables
+    config.train.log_every = 50  # steps between log lines / TensorBoard points
+    config.train.eval_every = 1000  # steps between dev evaluations (and best-checkpoint checks)
+    config.train.checkpoint_every = 1000  # steps between checkpoints
+    config.train.keep_checkpoints = 3  # how many of the latest checkpoints to keep
+    config.train.best_metric = "dev_loss"  # dev metric that picks the best checkpoint
+    config.train.best_mode = "min"  # min or max
+    config.train.time_budget_minutes = 0.0  # stop (and save) after this long; 0 = no limit
+
+    # Initialise parameters from another run (pretrain-then-finetune); optimiser starts fresh.
+    config.init_from = ""  # workdir, checkpoint directory or step directory
+    config.init_from_allow_new = False  # parameters absent from init_from keep their fresh init
+    config.init_from_ignore_unused = False  # skip checkpoint parameters the model lacks
+    return config

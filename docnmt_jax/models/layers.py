@@ -1,0 +1,234 @@
+"""Shared building blocks of every model: embeddings, positions, attention, feed-forward.
+
+Each paper module (``transformer.py``, ``final.py``, ...) composes these, so a reader sees
+only its delta. Every parameter carries logical axis names (``vocab``, ``embed``, ``heads``,
+``kv``, ``mlp``) so that train and decode steps can be sharded over a device mesh without
+touching the models; activations carry ``batch``/``length`` constraints (no-ops without a mesh).
+
+Attention follows Vaswani et al. (2017), Eq. (1)-(2): softmax(QK^T/sqrt(d_k))V per head,
+heads concatenated and projected. Keys and values are projected by :meth:`project_kv`
+separately from :meth:`attend`, so decoders can cache them (self-attention step by step,
+cross-attention once per source batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+Dtype = Any
+Initializer = Callable[..., Array]
+
+NEG_INF = -1e9  # additive mask value; finite so fully masked rows give a uniform softmax, not NaN
+
+
+def partitioned(init: Initializer, axes: tuple[str, ...]) -> Initializer:
+    """An initializer whose parameter carries logical axis names ``axes``."""
+    return nn.with_logical_partitioning(init, axes)
+
+
+def constrain(x: Array, axes: tuple[str | None, ...]) -> Array:
+    """Logical sharding constraint on an activation (a no-op outside a mesh context)."""
+    return nn.with_logical_constraint(x, axes)
+
+
+def sinusoidal_encoding(positions: Array, features: int, dtype: Dtype = jnp.float32) -> Array:
+    """Sinusoidal encodings of (integer or float) ``positions``: ``[...] -> [..., features]``.
+
+    PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(...) (Vaswani et al. 2017, Sec. 3.5),
+    laid out as ``[sin | cos]`` halves. Computed on the fly, so positions may restart at every
+    sentence or be negative relative distances (Dai et al. 2019).
+    """
+    half = features // 2
+    inv_freq = np.exp(-np.log(10000.0) * np.arange(half, dtype=np.float32) / max(half, 1))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    enc = jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+    if features % 2:
+        enc = jnp.pad(enc, [(0, 0)] * (enc.ndim - 1) + [(0, 1)])
+    return enc.astype(dtype)
+
+
+class SharedEmbedding(nn.Module):
+    """One matrix for source, target and output projection (joint vocabulary).
+
+    Lookups are scaled by sqrt(d_model) (Vaswani et al. 2017, Sec. 3.4); :meth:`attend` gives
+    the tied output logits h E^T.
+    """
+
+    vocab_size: int
+    features: int
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    def setup(self) -> None:
+        self.embedding = self.param(
+            "embedding",
+            partitioned(nn.initializers.normal(stddev=self.features**-0.5), ("vocab", "embed")),
+            (self.vocab_size, self.features),
+            self.param_dtype,
+        )
+
+    def __call__(self, ids: Array) -> Array:
+        table = jnp.asarray(self.embedding, self.dtype)
+        return jnp.take(table, ids, axis=0) * jnp.asarray(np.sqrt(self.features), self.dtype)
+
+    def attend(self, x: Array) -> Array:
+        return jnp.einsum("...d,vd->...v", x.astype(self.dtype), self.embedding.astype(self.dtype))
+
+
+def layer_norm(dtype: Dtype, name: str | None = None) -> nn.LayerNorm:
+    """LayerNorm whose scale and bias carry the ``embed`` axis."""
+    return nn.LayerNorm(
+        epsilon=1e-6,
+        dtype=dtype,
+        scale_init=partitioned(nn.initializers.ones_init(), ("embed",)),
+        bias_init=partitioned(nn.initializers.zeros_init(), ("embed",)),
+        name=name,
+    )
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN(x) = max(0, xW1 + b1)W2 + b2 (Vaswani et al. 2017, Eq. 2)."""
+
+    hidden_dim: int
+    dropout_rate: float = 0.0
+    deterministic: bool = True
+    dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        features = x.shape[-1]
+        h = nn.Dense(
+            self.hidden_dim,
+            dtype=self.dtype,
+            kernel_init=partitioned(nn.initializers.xavier_uniform(), ("embed", "mlp")),
+            bias_init=partitioned(nn.initializers.zeros_init(), ("mlp",)),
+            name="wi",
+        )(x)
+        h = nn.relu(h)
+        h = constrain(h, ("batch", "length", "mlp"))
+        h = nn.Dropout(self.dropout_rate)(h, deterministic=self.deterministic)
+        return nn.Dense(
+            features,
+            dtype=self.dtype,
+            kernel_init=partitioned(nn.initializers.xavier_uniform(), ("mlp", "embed")),
+            bias_init=partitioned(nn.initializers.zeros_init(), ("embed",)),
+            name="wo",
+        )(h)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head scaled dot-product attention with separable key/value projection.
+
+    ``__call__(q_in, kv_in, mask)`` is plain attention; decoders use ``project_kv`` once and
+    ``attend`` many times. ``mask`` is boolean, broadcastable to ``[B, H, Tq, Tk]``; ``bias``
+    (optional, same broadcast) is added to the logits, the hook for relative attention variants.
+    """
+
+    num_heads: int
+    model_dim: int
+    dropout_rate: float = 0.0
+    deterministic: bool = True
+    dtype: Dtype = jnp.float32
+
+    def setup(self) -> None:
+        if self.model_dim % self.num_heads:
+            raise ValueError(
+                f"model dimension {self.model_dim} is not divisible by {self.num_heads} heads"
+            )
+        heads = (self.num_heads, self.model_dim // self.num_heads)
+        in_axes = ("embed", "heads", "kv")
+        self.query = self._dense(heads, -1, in_axes, ("heads", "kv"))
+        self.key = self._dense(heads, -1, in_axes, ("heads", "kv"))
+        self.value = self._dense(heads, -1, in_axes, ("heads", "kv"))
+        self.out = self._dense(self.model_dim, (-2, -1), ("heads", "kv", "embed"), ("embed",))
+        self.dropout = nn.Dropout(self.dropout_rate)
+
+    def _dense(
+        self, features: Any, axis: Any, axes: tuple[str, ...], bias_axes: tuple[str, ...]
+    ) -> nn.DenseGeneral:
+        return nn.DenseGeneral(
+            features=features,
+            axis=axis,
+            dtype=self.dtype,
+            kernel_init=partitioned(nn.initializers.xavier_uniform(), axes),
+            bias_init=partitioned(nn.initializers.zeros_init(), bias_axes),
+        )
+
+    def project_q(self, x: Array) -> Array:
+        """``[B, T, D] -> [B, T, H, D/H]``."""
+        return self.query(x)
+
+    def project_kv(self, x: Array) -> tuple[Array, Array]:
+        """Keys and values ``[B, T, H, D/H]`` of the memory ``x``."""
+        return self.key(x), self.value(x)
+
+    def attend(
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        mask: Array | None,
+        bias: Array | None = None,
+        return_weights: bool = False,
+    ) -> Array | tuple[Array, Array]:
+        """Attention of projected queries over projected keys/values, output projected to D."""
+        depth = q.shape[-1]
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(depth)
+        if bias is not None:
+            logits = logits + bias.astype(jnp.float32)
+        if mask is not None:
+            logits = jnp.where(mask, logits, NEG_INF)
+        weights = jax.nn.softmax(logits, axis=-1)
+        dropped = self.dropout(weights, deterministic=self.deterministic)
+        out = jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(self.dtype), v)
+        out = self.out(out)
+        return (out, weights) if return_weights else out
+
+    def __call__(self, q_in: Array, kv_in: Array, mask: Array | None) -> Array:
+        k, v = self.project_kv(kv_in)
+        return self.attend(self.project_q(q_in), k, v, mask)
+
+
+class Sublayer(nn.Module):
+    """Residual wrapper: post-LN ``LN(x + Drop(f(x)))`` (the papers) or pre-LN.
+
+    Pre-LN computes ``x + Drop(f(LN x))``.
+
+    ``fn`` receives the (possibly normalised) input and returns the sublayer output.
+    """
+
+    pre_ln: bool
+    dropout_rate: float
+    deterministic: bool
+    dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array, fn: Callable[[Array], Array]) -> Array:
+        norm = layer_norm(self.dtype, name="norm")
+        drop = nn.Dropout(self.dropout_rate)
+        if self.pre_ln:
+            return x + drop(fn(norm(x)), deterministic=self.deterministic)
+        return norm(x + drop(fn(x), deterministic=self.deterministic))
+
+
+def padding_mask(q_mask: Array, k_mask: Array) -> Array:
+    """``[B, Tq]``, ``[B, Tk]`` token masks -> boolean ``[B, 1, Tq, Tk]`` attention mask."""
+    return (q_mask[:, None, :, None] > 0) & (k_mask[:, None, None, :] > 0)
+
+
+def causal_mask(length: int) -> Array:
+    """Boolean ``[1, 1, T, T]`` lower-triangular mask: position i sees positions <= i."""
+    return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+
+
+def shift_right(ids: Array, bos_id: int) -> Array:
+    """Decoder input: ``[bos, y_1, ..., y_{T-1}]`` along the last axis."""
+    pad_width = [(0, 0)] * (ids.ndim - 1) + [(1, 0)]
+    return jnp.pad(ids, pad_width, constant_values=bos_id)[..., :-1]

@@ -1,0 +1,252 @@
+"""The sentence-level Transformer (Vaswani et al. 2017): SENTNMT of Zheng et al. 2020, Table 1.
+
+Post-LN by default (the papers' equations), pre-LN as an option; sinusoidal positions; one
+embedding matrix for source, target and output softmax. ``encode``/``decode`` are separate
+methods; incremental decoding uses an explicit cache pytree (:meth:`Transformer.init_cache`,
+:meth:`Transformer.decode_step`), so beam search is a pure function over it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from docnmt_jax.data.tokenizer import BOS_ID
+from docnmt_jax.models import layers
+
+Array = jax.Array
+Cache = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Hyper-parameters of the sentence Transformer (defaults: Zheng et al.'s TED setting)."""
+
+    vocab_size: int = 8000
+    d_model: int = 256
+    num_heads: int = 4
+    ffn_dim: int = 512
+    num_encoder_layers: int = 4
+    num_decoder_layers: int = 4
+    dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.0
+    relu_dropout_rate: float = 0.0
+    pre_ln: bool = False
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    deterministic: bool = False
+
+    def sublayer(self, name: str) -> layers.Sublayer:
+        return layers.Sublayer(
+            self.pre_ln, self.dropout_rate, self.deterministic, self.dtype, name=name
+        )
+
+    def attention(self, name: str) -> layers.MultiHeadAttention:
+        return layers.MultiHeadAttention(
+            self.num_heads,
+            self.d_model,
+            self.attention_dropout_rate,
+            self.deterministic,
+            self.dtype,
+            name=name,
+        )
+
+    def feed_forward(self, name: str) -> layers.FeedForward:
+        return layers.FeedForward(
+            self.ffn_dim, self.relu_dropout_rate, self.deterministic, self.dtype, name=name
+        )
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then FFN, each wrapped in a residual sublayer."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array) -> Array:
+        cfg = self.config
+        attn = cfg.attention("self_attention")
+        x = cfg.sublayer("attention_block")(x, lambda h: attn(h, h, mask))
+        x = cfg.sublayer("ffn_block")(x, cfg.feed_forward("ffn"))
+        return layers.constrain(x, ("batch", "length", "embed"))
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention to the encoder, FFN.
+
+    With ``cache`` (decoding one position at a time) the self-attention keys/values of earlier
+    positions come from ``cache['key'|'value']`` and the cross-attention ones from
+    ``cache['cross_key'|'cross_value']``; the updated cache is returned.
+    """
+
+    config: TransformerConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.self_attention = cfg.attention("self_attention")
+        self.cross_attention = cfg.attention("cross_attention")
+        self.ffn = cfg.feed_forward("ffn")
+        self.self_attention_block = cfg.sublayer("self_attention_block")
+        self.cross_attention_block = cfg.sublayer("cross_attention_block")
+        self.ffn_block = cfg.sublayer("ffn_block")
+
+    def __call__(
+        self,
+        y: Array,
+        self_mask: Array,
+        encoded: Array | None,
+        cross_mask: Array,
+        cache: Cache | None = None,
+        index: Array | None = None,
+    ) -> tuple[Array, Cache | None]:
+        new_cache = None
+
+        def self_block(h: Array) -> Array:
+            nonlocal new_cache
+            k, v = self.self_attention.project_kv(h)
+            if cache is not None:
+                k = jax.lax.dynamic_update_slice_in_dim(cache["key"], k, index, axis=1)
+                v = jax.lax.dynamic_update_slice_in_dim(cache["value"], v, index, axis=1)
+                new_cache = dict(cache, key=k, value=v)
+            return self.self_attention.attend(self.self_attention.project_q(h), k, v, self_mask)
+
+        def cross_block(h: Array) -> Array:
+            if cache is not None:
+                k, v = cache["cross_key"], cache["cross_value"]
+            else:
+                k, v = self.cross_attention.project_kv(encoded)
+            return self.cross_attention.attend(self.cross_attention.project_q(h), k, v, cross_mask)
+
+        y = self.self_attention_block(y, self_block)
+        y = self.cross_attention_block(y, cross_block)
+        y = self.ffn_block(y, self.ffn)
+        return layers.constrain(y, ("batch", "length", "embed")), new_cache
+
+    def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
+        """Cross-attention keys/values of the encoder output, computed once per source."""
+        return self.cross_attention.project_kv(encoded)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer over sentences: ``src [B, Ts]`` -> logits ``[B, Tt, V]``."""
+
+    config: TransformerConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.embed = layers.SharedEmbedding(cfg.vocab_size, cfg.d_model, cfg.dtype, cfg.param_dtype)
+        self.encoder_layers = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
+        self.decoder_layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
+        self.input_dropout = nn.Dropout(cfg.dropout_rate)
+        if cfg.pre_ln:
+            self.encoder_norm = layers.layer_norm(cfg.dtype)
+            self.decoder_norm = layers.layer_norm(cfg.dtype)
+
+    def _embed(self, ids: Array, positions: Array) -> Array:
+        x = self.embed(ids) + layers.sinusoidal_encoding(
+            positions, self.config.d_model, self.config.dtype
+        )
+        return self.input_dropout(x, deterministic=self.config.deterministic)
+
+    def encode(self, src: Array, src_mask: Array) -> Array:
+        """``src [B, Ts]`` ids, ``src_mask [B, Ts]`` -> encoder states ``[B, Ts, D]``."""
+        positions = jnp.broadcast_to(jnp.arange(src.shape[-1]), src.shape)
+        x = self._embed(src, positions)
+        mask = layers.padding_mask(src_mask, src_mask)
+        for layer in self.encoder_layers:
+            x = layer(x, mask)
+        return self.encoder_norm(x) if self.config.pre_ln else x
+
+    def _output(self, y: Array) -> Array:
+        if self.config.pre_ln:
+            y = self.decoder_norm(y)
+        return self.embed.attend(y).astype(jnp.float32)
+
+    def decode(self, encoded: Array, src_mask: Array, tgt_in: Array, tgt_mask: Array) -> Array:
+        """Teacher-forced decoder: input ids ``tgt_in [B, Tt]`` (shifted right) -> logits."""
+        positions = jnp.broadcast_to(jnp.arange(tgt_in.shape[-1]), tgt_in.shape)
+        y = self._embed(tgt_in, positions)
+        self_mask = layers.causal_mask(tgt_in.shape[-1]) & layers.padding_mask(tgt_mask, tgt_mask)
+        cross_mask = layers.padding_mask(tgt_mask, src_mask)
+        for layer in self.decoder_layers:
+            y, _ = layer(y, self_mask, encoded, cross_mask)
+        return self._output(y)
+
+    def __call__(self, src: Array, src_mask: Array, tgt: Array, tgt_mask: Array) -> Array:
+        """Logits ``[B, Tt, V]`` for targets ``tgt`` (not yet shifted; EOS-terminated)."""
+        encoded = self.encode(src, src_mask)
+        return self.decode(encoded, src_mask, layers.shift_right(tgt, BOS_ID), tgt_mask)
+
+    def init_cache(self, encoded: Array, max_len: int) -> Cache:
+        """An empty decoding cache for ``max_len`` target positions, cross keys/values filled."""
+        batch = encoded.shape[0]
+        heads = self.config.num_heads
+        head_dim = self.config.d_model // heads
+        zeros = jnp.zeros((batch, max_len, heads, head_dim), self.config.dtype)
+        cache: Cache = {"index": jnp.zeros((), jnp.int32)}
+        for i, layer in enumerate(self.decoder_layers):
+            k, v = layer.cross_kv(encoded)
+            cache[f"layer_{i}"] = {"key": zeros, "value": zeros, "cross_key": k, "cross_value": v}
+        return cache
+
+    def decode_step(self, cache: Cache, token: Array, src_mask: Array) -> tuple[Array, Cache]:
+        """One step: ``token [B]`` at position ``cache['index']`` -> logits ``[B, V]``."""
+        index = cache["index"]
+        max_len = cache["layer_0"]["key"].shape[1]
+        y = self._embed(token[:, None], jnp.full(token.shape + (1,), index))
+        self_mask = (jnp.arange(max_len) <= index)[None, None, None, :]
+        cross_mask = (src_mask > 0)[:, None, None, :]
+        new_cache: Cache = {"index": index + 1}
+        for i, layer in enumerate(self.decoder_layers):
+            y, new_cache[f"layer_{i}"] = layer(
+                y, self_mask, None, cross_mask, cache=cache[f"layer_{i}"], index=index
+            )
+        return self._output(y)[:, 0], new_cache
+
+
+def sentence_rows(batch: dict[str, Array]) -> dict[str, Array]:
+    """Flattens a document batch ``[B, S, T]`` into sentence rows ``[B*S, T]``.
+
+    The sentence model sees every sentence on its own; padding sentences become all-padding
+    rows that carry no loss.
+    """
+    return {
+        key: batch[key].reshape((-1, batch[key].shape[-1]))
+        for key in ("src", "src_mask", "tgt", "tgt_mask")
+    }
+
+
+class SentenceTransformerTask:
+    """Adapter between the training loop and :class:`Transformer`: init and logits per batch."""
+
+    def __init__(self, config: TransformerConfig):
+        self.config = config
+        self.train_module = Transformer(dataclasses.replace(config, deterministic=False))
+        self.eval_module = Transformer(dataclasses.replace(config, deterministic=True))
+
+    def init(self, rng: Array, batch: dict[str, Array]) -> Any:
+        rows = sentence_rows(batch)
+        return self.eval_module.init(
+            rng, rows["src"], rows["src_mask"], rows["tgt"], rows["tgt_mask"]
+        )
+
+    def logits(
+        self, params: Any, batch: dict[str, Array], dropout_rng: Array | None, train: bool
+    ) -> tuple[Array, Array, Array]:
+        """(logits ``[N, T, V]``, targets ``[N, T]``, target mask ``[N, T]``)."""
+        rows = sentence_rows(batch)
+        module = self.train_module if train else self.eval_module
+        rngs = {"dropout": dropout_rng} if train else {}
+        logits = module.apply(
+            {"params": params},
+            rows["src"],
+            rows["src_mask"],
+            rows["tgt"],
+            rows["tgt_mask"],
+            rngs=rngs,
+        )
+        return logits, rows["tgt"], rows["tgt_mask"]

@@ -1,0 +1,151 @@
+"""Orbax checkpoints: the last N, the best by a dev metric, and params-only initialisation.
+
+Layout of a workdir::
+
+    checkpoints/<step>/{state,meta}   the last ``keep`` checkpoints (asynchronous saves)
+    best/<step>/{state,meta}          the single best checkpoint by the dev metric
+
+``state`` is the train state as a state dict (params, optimiser state, step); ``meta`` is JSON:
+the step, the data-iterator position (global batches consumed), the dev metrics and the config.
+Restore order for a run: resume the latest checkpoint of this workdir; else, with
+``init_from``, take parameters only from another run (pretrain-then-finetune); else start fresh.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import traverse_util
+
+PyTree = Any
+
+
+def _manager(directory: str, keep: int, use_async: bool) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, enable_async_checkpointing=use_async, create=True
+    )
+    return ocp.CheckpointManager(
+        os.path.abspath(directory), options=options, item_names=("state", "meta")
+    )
+
+
+def _abstract(tree: PyTree) -> PyTree:
+    return jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, tree)
+
+
+class Checkpointer:
+    """The ``latest`` and ``best`` checkpoint managers of one workdir."""
+
+    def __init__(self, workdir: str, keep: int = 3, use_async: bool = True):
+        self.latest = _manager(os.path.join(workdir, "checkpoints"), keep, use_async)
+        self.best = _manager(os.path.join(workdir, "best"), 1, use_async)
+
+    def save(self, step: int, state: PyTree, meta: dict[str, Any], best: bool = False) -> None:
+        """Saves to ``latest`` (and to ``best`` when ``best``); ``meta`` must be JSON-able."""
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+        self.latest.save(step, args=args, force=True)
+        if best:
+            self.best.save(step, args=args, force=True)
+
+    def restore(self, which: str | int, target: PyTree) -> tuple[PyTree, dict[str, Any]] | None:
+        """Restores ``'latest'``, ``'best'`` or a step number onto the structure of ``target``.
+
+        Returns ``None`` when there is no such checkpoint.
+        """
+        manager = self.best if which == "best" else self.latest
+        step = manager.latest_step() if which in ("best", "latest") else int(which)
+        if step is None or step not in manager.all_steps():
+            return None
+        restored = manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(_abstract(target)), meta=ocp.args.JsonRestore()
+            ),
+        )
+        return restored.state, restored.meta
+
+    def wait(self) -> None:
+        self.latest.wait_until_finished()
+        self.best.wait_until_finished()
+
+    def close(self) -> None:
+        self.latest.close()
+        self.best.close()
+
+
+def resolve_state_dir(path: str) -> str:
+    """The ``.../<step>/state`` directory behind a workdir, a manager directory or a step."""
+    path = os.path.abspath(path)
+    candidates = [path]
+    for sub in ("best", "checkpoints"):
+        candidates.append(os.path.join(path, sub))
+    for cand in candidates:
+        if os.path.isdir(os.path.join(cand, "state")):
+            return os.path.join(cand, "state")
+        if os.path.isdir(cand):
+            steps = [int(d) for d in os.listdir(cand) if d.isdigit()]
+            if steps:
+                return os.path.join(cand, str(max(steps)), "state")
+    raise FileNotFoundError(
+        f"init_from={path}: no checkpoint found (expected a workdir with best/ or checkpoints/, "
+        "a checkpoint directory with numbered steps, or a step directory holding state/)"
+    )
+
+
+def _flat(tree: PyTree) -> dict[str, Any]:
+    return {"/".join(k): v for k, v in traverse_util.flatten_dict(tree).items()}
+
+
+def init_params_from(
+    path: str,
+    params: PyTree,
+    allow_new: bool = False,
+    ignore_unused: bool = False,
+) -> tuple[PyTree, dict[str, list[str]]]:
+    """Parameters of ``params`` taken from the checkpoint at ``path`` (params only).
+
+    A parameter the model has but the checkpoint lacks (``new``), one the checkpoint has but
+    the model lacks (``unused``), or one whose shape differs, is reported by its full path and
+    both shapes. ``allow_new`` keeps fresh initialisation for new parameters; ``ignore_unused``
+    skips unused ones; shape mismatches are always an error.
+    """
+    state_dir = resolve_state_dir(path)
+    saved = ocp.StandardCheckpointer().restore(state_dir)
+    saved_params = _flat(saved["params"] if "params" in saved else saved)
+    model_params = _flat(params)
+    new = sorted(set(model_params) - set(saved_params))
+    unused = sorted(set(saved_params) - set(model_params))
+    mismatched = [
+        f"{k}: checkpoint {tuple(np.shape(saved_params[k]))} vs model {tuple(np.shape(v))}"
+        for k, v in model_params.items()
+        if k in saved_params and np.shape(saved_params[k]) != np.shape(v)
+    ]
+    problems = []
+    if mismatched:
+        problems.append("shape mismatch: " + "; ".join(mismatched))
+    if new and not allow_new:
+        shapes = [f"{k} {tuple(np.shape(model_params[k]))}" for k in new]
+        problems.append(
+            "missing from checkpoint (set init_from_allow_new=True to keep their fresh "
+            "initialisation): " + "; ".join(shapes)
+        )
+    if unused and not ignore_unused:
+        shapes = [f"{k} {tuple(np.shape(saved_params[k]))}" for k in unused]
+        problems.append(
+            "in checkpoint but not in model (set init_from_ignore_unused=True to skip): "
+            + "; ".join(shapes)
+        )
+    if problems:
+        raise ValueError(f"init_from={state_dir}: " + " | ".join(problems))
+    merged = {
+        tuple(k.split("/")): (
+            np.asarray(saved_params[k], dtype=np.asarray(v).dtype) if k in saved_params else v
+        )
+        for k, v in model_params.items()
+    }
+    report = {"loaded": sorted(set(model_params) & set(saved_params)), "new": new, "unused": unused}
+    return traverse_util.unflatten_dict(merged), report

@@ -1,0 +1,45 @@
+"""Shared fixtures: a small synthetic document corpus and a tiny training config."""
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+@pytest.fixture(scope="session")
+def synthetic_dir(tmp_path_factory):
+    """A small synthetic context corpus (train/dev/test TSVs and labels)."""
+    from docnmt_jax.data import synthetic
+
+    out = tmp_path_factory.mktemp("synthetic")
+    config = synthetic.SyntheticConfig(num_documents=120, seed=7)
+    synthetic.write_corpus(str(out), config, splits={"train": 120, "dev": 12, "test": 12})
+    return str(out)
+
+
+def tiny_config(data_dir: str, **train_overrides):
+    """The transformer config shrunk to seconds-per-run size, reading ``data_dir``."""
+    sys.path.insert(0, os.path.join(ROOT, "configs"))
+    from configs import transformer
+
+    config = transformer.get_config()
+    config.data.data_dir = data_dir
+    config.data.vocab_size = 300
+    config.data.batch_src_tokens = 256
+    config.data.batch_tgt_tokens = 256
+    config.data.eval_batch_tokens = 512
+    config.model.d_model = 32
+    config.model.num_heads = 2
+    config.model.ffn_dim = 64
+    config.model.num_encoder_layers = 1
+    config.model.num_decoder_layers = 1
+    config.train.warmup_steps = 50
+    config.train.log_every = 5
+    config.train.eval_every = 1000
+    config.train.checkpoint_every = 1000
+    config.train.num_steps = 10
+    config.train.update(train_overrides)
+    return config

@@ -1,0 +1,184 @@
+"""Training loop: over-fitting, checkpoints, exact resume, init_from reports, SIGTERM."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ROOT, tiny_config
+
+from docnmt_jax.data.documents import Document
+from docnmt_jax.data.pipeline import PipelineConfig, numpy_batches
+from docnmt_jax.models import build_task
+from docnmt_jax.training import checkpoints, optim, trainer
+
+
+def _word_encoder(vocab):
+    def encode(texts):
+        return [[vocab.setdefault(w, len(vocab) + 4) for w in t.split()] for t in texts]
+
+    return encode
+
+
+def test_tiny_model_overfits_a_handful_of_pairs():
+    pairs = [
+        ("a b c", "x y z"),
+        ("b c d e", "y z w v"),
+        ("c a", "z x"),
+        ("d d b", "w w y"),
+        ("e a c b", "v x z y"),
+        ("a e", "x v"),
+    ]
+    docs = [Document(f"d{i}", (s,), (t,)) for i, (s, t) in enumerate(pairs)]
+    vocab: dict[str, int] = {}
+    config = PipelineConfig(sentence_level=True, shuffle=False, num_epochs=1, pad_batch=True)
+    batch = next(numpy_batches(docs, _word_encoder(vocab), config))
+    model_cfg = {
+        "d_model": 32,
+        "num_heads": 2,
+        "ffn_dim": 64,
+        "num_encoder_layers": 1,
+        "num_decoder_layers": 1,
+        "dropout_rate": 0.0,
+    }
+    task = build_task(model_cfg, vocab_size=len(vocab) + 4)
+    params = nn.meta.unbox(task.init(jax.random.PRNGKey(0), batch)["params"])
+    tx, schedule = optim.make_optimizer(32, warmup_steps=30, lr_scale=1.0)
+    train_step, eval_step = trainer.make_steps(task, tx, schedule, smoothing=0.0, seed=0)
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+    first = None
+    for _ in range(250):
+        state, metrics = train_step(state, batch)
+        if first is None:
+            first = float(metrics["loss"] / metrics["tokens"])
+    sums = eval_step(state["params"], batch)
+    final = float(sums["nll"] / sums["tokens"])
+    assert first > 1.5
+    assert final < 0.02, final
+
+
+def test_checkpoint_round_trip(tmp_path):
+    state = {
+        "step": jnp.array(7, jnp.int32),
+        "params": {"w": jnp.arange(6.0).reshape(2, 3), "b": {"c": jnp.ones(4, jnp.bfloat16)}},
+    }
+    ckpt = checkpoints.Checkpointer(str(tmp_path), keep=2)
+    ckpt.save(7, state, {"step": 7, "data_step": 7}, best=True)
+    ckpt.wait()
+    target = jax.tree_util.tree_map(jnp.zeros_like, state)
+    for which in ("latest", "best", 7):
+        restored, meta = ckpt.restore(which, target)
+        assert meta == {"step": 7, "data_step": 7}
+        for a, b in zip(
+            jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(state), strict=True
+        ):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    assert ckpt.restore(3, target) is None
+    ckpt.close()
+
+
+def test_resume_gives_the_same_losses(synthetic_dir, tmp_path):
+    straight = trainer.train_and_evaluate(
+        tiny_config(synthetic_dir, num_steps=8), str(tmp_path / "straight"), record_losses=True
+    )
+    resumed_dir = str(tmp_path / "resumed")
+    first = trainer.train_and_evaluate(
+        tiny_config(synthetic_dir, num_steps=4), resumed_dir, record_losses=True
+    )
+    second = trainer.train_and_evaluate(
+        tiny_config(synthetic_dir, num_steps=8), resumed_dir, record_losses=True
+    )
+    assert len(straight.losses) == 8 and len(first.losses) == 4 and len(second.losses) == 4
+    np.testing.assert_allclose(first.losses + second.losses, straight.losses, rtol=1e-5, atol=1e-5)
+    assert straight.losses[-1] < straight.losses[0]
+    assert os.path.exists(os.path.join(resumed_dir, "spm.model"))
+    assert os.path.exists(os.path.join(resumed_dir, "train.log"))
+    assert any(f.startswith("events") for f in os.listdir(os.path.join(resumed_dir, "tensorboard")))
+
+
+def _save_params(path, params):
+    ckpt = checkpoints.Checkpointer(str(path))
+    ckpt.save(1, {"step": jnp.array(1), "params": params}, {"step": 1, "data_step": 1})
+    ckpt.wait()
+    ckpt.close()
+
+
+def test_init_from_reports_every_mismatch(tmp_path):
+    saved = {"encoder": {"kernel": jnp.ones((4, 8)), "bias": jnp.ones(8)}, "old": jnp.ones(3)}
+    _save_params(tmp_path, saved)
+    model = {"encoder": {"kernel": jnp.zeros((4, 6)), "bias": jnp.zeros(8)}, "new": jnp.zeros(2)}
+    with pytest.raises(ValueError) as err:
+        checkpoints.init_params_from(str(tmp_path), model)
+    message = str(err.value)
+    assert "encoder/kernel: checkpoint (4, 8) vs model (4, 6)" in message
+    assert "missing from checkpoint" in message and "new (2,)" in message
+    assert "in checkpoint but not in model" in message and "old (3,)" in message
+
+    model = {
+        "encoder": {"kernel": jnp.zeros((4, 8)), "bias": jnp.zeros(8)},
+        "new": jnp.full(2, 5.0),
+    }
+    params, report = checkpoints.init_params_from(
+        str(tmp_path), model, allow_new=True, ignore_unused=True
+    )
+    np.testing.assert_array_equal(params["encoder"]["kernel"], np.ones((4, 8)))
+    np.testing.assert_array_equal(params["new"], np.full(2, 5.0))
+    assert report == {
+        "loaded": ["encoder/bias", "encoder/kernel"],
+        "new": ["new"],
+        "unused": ["old"],
+    }
+
+
+def test_init_from_missing_path_is_clear(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint found"):
+        checkpoints.init_params_from(str(tmp_path / "nowhere"), {"a": jnp.zeros(1)})
+
+
+def test_missing_corpus_names_the_prepare_command(tmp_path):
+    config = tiny_config(str(tmp_path / "absent"))
+    with pytest.raises(FileNotFoundError, match="launch/prepare_data.py --corpus bible"):
+        trainer.train_and_evaluate(config, str(tmp_path / "run"))
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(synthetic_dir, tmp_path):
+    workdir = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "launch", "train.py"),
+        "--config",
+        os.path.join(ROOT, "configs", "transformer.py"),
+        f"--workdir={workdir}",
+        f"--config.data.data_dir={synthetic_dir}",
+        "--config.data.vocab_size=300",
+        "--config.model.d_model=32",
+        "--config.model.num_heads=2",
+        "--config.model.ffn_dim=64",
+        "--config.model.num_encoder_layers=1",
+        "--config.model.num_decoder_layers=1",
+        "--config.data.batch_src_tokens=256",
+        "--config.data.batch_tgt_tokens=256",
+        "--config.train.num_steps=1000000",
+        "--config.train.log_every=5",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+    log = workdir / "train.log"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if log.exists() and "step=10 " in log.read_text():
+            break
+        assert proc.poll() is None, proc.stdout.read().decode()
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out.decode()[-2000:]
+    steps = [int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit()]
+    assert steps and max(steps) >= 10
+    assert "(sigterm)" in log.read_text()
