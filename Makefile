@@ -1,5 +1,5 @@
 # Two set-up commands for a fresh machine (see README.md):
-#   make demo   prepare the Bible corpus (and, as later issues land, train, translate, score)
+#   make demo   prepare the Bible corpus and train a Transformer on it within DEMO_MINUTES
 #   make test   run the default test suite (what .ci/run calls)
 # Both create or reuse the virtual environment in $(VENV) and install what they need.
 
@@ -26,7 +26,15 @@ sword:
 data: venv sword
 	$(BIN)/python launch/prepare_data.py --corpus bible --out $(DATA)
 
+# The main job: prepare the corpus, then train the sentence Transformer (TED size) on it within
+# DEMO_MINUTES and report dev loss. Later issues extend it with translation and scoring.
+DEMO_MINUTES ?= 20
+DEMO_WORKDIR ?= runs/demo_transformer
 demo: data
+	$(BIN)/python launch/train.py --config configs/transformer.py --workdir $(DEMO_WORKDIR) \
+	  --config.data.data_dir=$(DATA) --config.train.time_budget_minutes=$(DEMO_MINUTES) \
+	  --config.train.warmup_steps=400 --config.train.eval_every=250 \
+	  --config.train.checkpoint_every=250
 
 test: venv
 	SWORD_OPTIONAL=1 bash launch/install_sword.sh
