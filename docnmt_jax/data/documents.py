@@ -58,7 +58,7 @@ def write_tsv(documents: Sequence[Document], path: str | os.PathLike) -> None:
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         f.write("\t".join(TSV_HEADER) + "\n")
         for doc in documents:
-            for k, (s, t) in enumerate(zip(doc.src, doc.tgt)):
+            for k, (s, t) in enumerate(zip(doc.src, doc.tgt, strict=True)):
                 for field, text in (("doc_id", doc.doc_id), ("src", s), ("tgt", t)):
                     if "\t" in text or "\n" in text or "\r" in text:
                         raise ValueError(
