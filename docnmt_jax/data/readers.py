@@ -382,3 +382,81 @@ def read_corpus(paths: PathLike | Sequence[PathLike], fmt: str = "auto") -> list
     if fmt == "text":
         return read_parallel_text(ps[0], ps[1])
     return read_maruf(ps[0], ps[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Source-only input for translation (streamed).
+
+_SOURCE_HEADERS = ("doc_id\tsrc", "doc_id\tsrc\ttgt")
+
+
+def iter_source_documents(path: PathLike) -> Iterator[tuple[str, list[str], int]]:
+    """Streams ``(doc_id, source sentences, first line)`` of a file to translate.
+
+    A TSV (detected by a tab in the first non-blank line) has rows ``doc_id<TAB>src`` or
+    ``doc_id<TAB>src<TAB>tgt`` (header optional, a document's rows contiguous); any other
+    file is plain text, one sentence per line, a blank line between documents, doc ids
+    ``"{basename}:{n}"``. Reads line by line, so memory does not grow with the file. Errors
+    are :class:`CorpusFormatError` naming the line.
+    """
+    path = os.fspath(path)
+    first = _first_nonblank_line(path)
+    is_tsv = first is not None and "\t" in first
+    base = os.path.basename(path)
+    cur_id: str | None = None
+    cur_start = 0
+    sentences: list[str] = []
+    seen: set[str] = set()
+    columns = None
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise CorpusFormatError(
+                    path, lineno, f"invalid UTF-8 at byte {e.start} of the line"
+                ) from None
+            if lineno == 1 and line.startswith("\ufeff"):
+                line = line[1:]
+            line = line.rstrip("\n").rstrip("\r")
+            if not is_tsv:
+                if _is_blank(line):
+                    if sentences:
+                        yield f"{base}:{len(seen)}", sentences, cur_start
+                        seen.add(str(len(seen)))
+                        sentences = []
+                    continue
+                if not sentences:
+                    cur_start = lineno
+                sentences.append(line)
+                continue
+            if _is_blank(line):
+                continue  # blank rows carry nothing in a TSV to translate
+            if lineno == 1 and line in _SOURCE_HEADERS:
+                continue
+            fields = line.split("\t")
+            columns = columns or len(fields)
+            if len(fields) not in (2, 3) or len(fields) != columns:
+                raise CorpusFormatError(
+                    path,
+                    lineno,
+                    f"expected {columns if columns in (2, 3) else '2 or 3'} tab-separated "
+                    f"columns (doc_id, src[, tgt]); found {len(fields)}",
+                )
+            doc_id, src = fields[0], fields[1]
+            if _is_blank(doc_id):
+                raise CorpusFormatError(path, lineno, "empty doc_id")
+            if doc_id != cur_id:
+                if doc_id in seen:
+                    raise CorpusFormatError(
+                        path, lineno, f"rows of document {doc_id!r} are not contiguous"
+                    )
+                if cur_id is not None:
+                    yield cur_id, sentences, cur_start
+                seen.add(doc_id)
+                cur_id, cur_start, sentences = doc_id, lineno, []
+            sentences.append(src)
+    if is_tsv and cur_id is not None:
+        yield cur_id, sentences, cur_start
+    elif not is_tsv and sentences:
+        yield f"{base}:{len(seen)}", sentences, cur_start

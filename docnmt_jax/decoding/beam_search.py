@@ -1,0 +1,298 @@
+"""Batched beam search as a pure, jit-able function over an explicit decoder-cache pytree.
+
+The search is model-agnostic: it only calls ``step_fn(cache, tokens, extra) -> (logits,
+cache)``. The caller encodes the source once, builds the cache, then calls :func:`beam_search`.
+Recommended pattern (``params`` closed over inside one jitted function)::
+
+    @functools.partial(jax.jit, static_argnames=("beam_size", "max_len"))
+    def translate(params, src, src_mask, max_lengths, beam_size=5, max_len=64):
+        encoded = model.apply(params, src, src_mask, method=model.encode)
+        cache = model.apply(params, encoded, max_len, method=model.init_cache)
+        step = lambda c, tok, m: model.apply(params, c, tok, m, method=model.decode_step)
+        return beam_search(step, cache, src_mask, beam_size=beam_size, max_len=max_len,
+                           max_lengths=max_lengths)
+
+Scoring: a hypothesis of ``len`` generated tokens (EOS included) and log-probability ``lp``
+(sum of the model's ``log_softmax`` in float32) scores ``lp / ((5 + len) / 6) ** alpha``, the
+length penalty of Wu et al. (2016), "Google's Neural Machine Translation System", eq. 14.
+PAD and BOS are never generated; at an example's length limit only EOS is allowed (with its
+model log-probability, not renormalised), so every hypothesis ends with EOS.
+
+Each step keeps the best ``2 * beam`` candidates by raw log-probability (flax
+``examples/wmt``): the best ``beam`` that do not end in EOS stay live (raw log-probability);
+EOS candidates ranked within the first ``beam`` (fairseq's rule, which makes ``beam_size=1``
+with ``alpha=0`` exactly argmax decoding) enter the finished pool with their normalised score.
+An example is done when it has no live beam, or its pool is full and no live beam can reach
+the worst finished score: with log-probabilities <= 0 a live beam's best future score is
+``lp / max(lp_pen(len + 1), lp_pen(limit))``, so stopping early never changes the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+Array = jax.Array
+Cache = Any
+Extra = Any
+StepFn = Callable[[Cache, Array, Extra], tuple[Array, Cache]]
+
+NEG_INF = -1.0e9  # finite "impossible" log-probability: masked tokens never produce NaNs
+
+
+class BeamResult(NamedTuple):
+    """Search output, hypotheses best first (``beam`` slots per example).
+
+    ``sequences [B, beam, max_len]``: generated tokens (no BOS), EOS included, PAD after.
+    ``scores [B, beam]``: length-normalised log-probabilities; ``-inf`` for an empty slot
+    (only when fewer than ``beam`` hypotheses exist, e.g. tiny vocabularies).
+    ``lengths [B, beam]``: generated tokens including EOS (0 for an empty slot).
+    ``num_steps``: int32 scalar, decoder steps run (< ``max_len`` when stopped early).
+    """
+
+    sequences: Array
+    scores: Array
+    lengths: Array
+    num_steps: Array
+
+
+class BeamState(NamedTuple):
+    """While-loop carry. ``step`` = tokens generated so far by every live beam.
+
+    Live beams: ``live_seqs [B, K, T]`` (PAD-filled), ``live_log_probs [B, K]`` (raw sum),
+    ``live_valid [B, K]`` (False for empty beams), ``live_cache`` (leaves ``[B*K, ...]``, 0-d
+    leaves shared). Finished pool (sorted best first): ``finished_seqs [B, K, T]``,
+    ``finished_scores [B, K]`` (normalised), ``finished_lengths [B, K]``,
+    ``finished_flags [B, K]`` (False for empty slots).
+    """
+
+    step: Array
+    live_seqs: Array
+    live_log_probs: Array
+    live_valid: Array
+    live_cache: Cache
+    finished_seqs: Array
+    finished_scores: Array
+    finished_lengths: Array
+    finished_flags: Array
+
+
+def length_penalty(length: Array | int, alpha: float) -> Array:
+    """Wu et al. (2016) length penalty ``((5 + length) / 6) ** alpha`` (float32)."""
+    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def source_length_limits(src_mask: Array, len_a: float, len_b: float, max_len: int) -> Array:
+    """Per-example output limits ``clip(floor(len_a * source_tokens + len_b), 1, max_len)``."""
+    src_len = jnp.sum(src_mask > 0, axis=-1).astype(jnp.float32)
+    return jnp.clip(jnp.floor(len_a * src_len + len_b), 1, max_len).astype(jnp.int32)
+
+
+def tile_beams(tree: Any, beam_size: int) -> Any:
+    """Repeats every leaf ``[B, ...]`` to ``[B * beam_size, ...]`` (each example's copies
+    contiguous); 0-d leaves are shared and returned unchanged."""
+
+    def tile(x: Array) -> Array:
+        x = jnp.asarray(x)
+        if x.ndim == 0:
+            return x
+        x = jnp.broadcast_to(x[:, None], (x.shape[0], beam_size) + x.shape[1:])
+        return x.reshape((-1,) + x.shape[2:])
+
+    return jax.tree.map(tile, tree)
+
+
+def gather_beams(tree: Any, beam_indices: Array, beam_size: int) -> Any:
+    """Reorders flattened beams: leaves ``[B * beam_size, ...]`` -> ``[B * K, ...]`` with
+    ``out[b, j] = in[b, beam_indices[b, j]]`` for ``beam_indices [B, K]``; 0-d leaves
+    unchanged."""
+    batch = beam_indices.shape[0]
+    flat = (jnp.arange(batch)[:, None] * beam_size + beam_indices).reshape(-1)
+    return jax.tree.map(lambda x: x if jnp.ndim(x) == 0 else jnp.take(x, flat, axis=0), tree)
+
+
+def _take(x: Array, indices: Array) -> Array:
+    """``out[b, j, ...] = x[b, indices[b, j], ...]`` for ``x [B, N, ...]``."""
+    return x[jnp.arange(x.shape[0])[:, None], indices]
+
+
+def beam_search(
+    step_fn: StepFn,
+    cache: Cache,
+    extra: Extra,
+    *,
+    beam_size: int = 5,
+    alpha: float = 0.6,
+    max_len: int,
+    max_lengths: Array | None = None,
+    eos_id: int = EOS_ID,
+    bos_id: int = BOS_ID,
+    pad_id: int = PAD_ID,
+    early_stopping: bool = True,
+) -> BeamResult:
+    """Beam search for a batch of ``B`` examples; pure and jit-able (see the module docstring).
+
+    Args:
+      step_fn: ``(cache, tokens [N], extra) -> (logits [N, V], cache)`` with ``N = B * beam``;
+        ``tokens`` are the previous tokens (BOS at the first step).
+      cache: decoder state; leaves ``[B, ...]`` are tiled to ``[B * beam, ...]`` and reordered
+        with the beams, 0-d leaves (e.g. the step index) are shared.
+      extra: per-example inputs ``[B, ...]`` (e.g. ``src_mask``), tiled once and passed to
+        every ``step_fn`` call unchanged (all beams of an example share them).
+      beam_size: hypotheses kept per example (1: greedy, see :func:`greedy_search`).
+      alpha: length-penalty exponent, score = ``lp / ((5 + len) / 6) ** alpha``.
+      max_len: static limit on generated tokens (EOS included).
+      max_lengths: optional per-example limits ``[B]`` (clipped to ``[1, max_len]``); EOS is
+        forced when a hypothesis reaches its limit.
+      early_stopping: stop once no live beam can improve any example's finished pool (never
+        changes the result; False runs until every beam has ended).
+
+    Returns:
+      :class:`BeamResult`; every example has at least one hypothesis.
+    """
+    if beam_size < 1 or max_len < 1:
+        raise ValueError(f"beam_size and max_len must be >= 1, got {beam_size}, {max_len}")
+    leaves = [x for x in jax.tree.leaves(cache) if jnp.ndim(x) > 0]
+    if not leaves:
+        raise ValueError("cache needs at least one leaf with a leading batch dimension")
+    batch = leaves[0].shape[0]
+    for x in leaves + [x for x in jax.tree.leaves(extra) if jnp.ndim(x) > 0]:
+        if x.shape[0] != batch:
+            raise ValueError(f"leaf of shape {x.shape} has no leading batch dimension {batch}")
+    K = beam_size
+    if max_lengths is None:
+        limits = jnp.full((batch,), max_len, jnp.int32)
+    else:
+        limits = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_len)
+    tiled_extra = tile_beams(extra, K)
+    first_beam = jnp.arange(K) == 0
+
+    state = BeamState(
+        step=jnp.zeros((), jnp.int32),
+        live_seqs=jnp.full((batch, K, max_len), pad_id, jnp.int32),
+        live_log_probs=jnp.zeros((batch, K), jnp.float32),
+        live_valid=jnp.broadcast_to(first_beam, (batch, K)),
+        live_cache=tile_beams(cache, K),
+        finished_seqs=jnp.full((batch, K, max_len), pad_id, jnp.int32),
+        finished_scores=jnp.full((batch, K), NEG_INF, jnp.float32),
+        finished_lengths=jnp.zeros((batch, K), jnp.int32),
+        finished_flags=jnp.zeros((batch, K), bool),
+    )
+
+    def done_per_example(s: BeamState) -> Array:
+        any_live = jnp.any(s.live_valid, axis=1)
+        if not early_stopping:
+            return ~any_live
+        # Best reachable normalised score of a live beam (lp <= 0; penalty monotone in len).
+        pen = jnp.maximum(length_penalty(s.step + 1, alpha), length_penalty(limits, alpha))
+        best_live = jnp.max(jnp.where(s.live_valid, s.live_log_probs, -jnp.inf), axis=1) / pen
+        worst_finished = jnp.min(jnp.where(s.finished_flags, s.finished_scores, -jnp.inf), axis=1)
+        return ~any_live | (worst_finished > best_live)
+
+    def cond(s: BeamState) -> Array:
+        return (s.step < max_len) & ~jnp.all(done_per_example(s))
+
+    def body(s: BeamState) -> BeamState:
+        t = s.step
+        prev = jax.lax.dynamic_index_in_dim(s.live_seqs, jnp.maximum(t - 1, 0), 2, False)
+        tokens = jnp.where(t == 0, bos_id, prev)  # [B, K]
+        logits, new_cache = step_fn(s.live_cache, tokens.reshape(-1), tiled_extra)
+        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        V = log_probs.shape[-1]
+        vocab = jnp.arange(V)
+        forced = (t + 1 >= limits)[:, None, None]  # [B, 1, 1]: only EOS may follow
+        allowed = jnp.where(forced, vocab == eos_id, (vocab != pad_id) & (vocab != bos_id))
+        log_probs = jnp.where(allowed, log_probs.reshape(batch, K, V), NEG_INF)
+
+        cand_lp = (s.live_log_probs[:, :, None] + log_probs).reshape(batch, K * V)
+        cand_valid = (s.live_valid[:, :, None] & allowed).reshape(batch, K * V)
+        _, top = jax.lax.top_k(jnp.where(cand_valid, cand_lp, -jnp.inf), 2 * K)  # [B, 2K]
+        top_lp, top_valid = _take(cand_lp, top), _take(cand_valid, top)
+        parent, token = top // V, top % V
+        top_seqs = jax.lax.dynamic_update_slice_in_dim(
+            _take(s.live_seqs, parent), token[:, :, None], t, axis=2
+        )
+        is_eos = token == eos_id
+
+        # Live: the best K non-EOS candidates (there are >= K valid ones unless the example ends).
+        _, live_pos = jax.lax.top_k(jnp.where(top_valid & ~is_eos, top_lp, -jnp.inf), K)
+        live_valid = _take(top_valid & ~is_eos, live_pos)
+        live_cache = gather_beams(new_cache, _take(parent, live_pos), K)
+
+        # Finished: merge EOS candidates ranked within the first K into the pool.
+        new_flags = top_valid & is_eos & (jnp.arange(2 * K) < K)
+        scores = jnp.concatenate([s.finished_scores, top_lp / length_penalty(t + 1, alpha)], 1)
+        flags = jnp.concatenate([s.finished_flags, new_flags], 1)
+        lengths = jnp.concatenate(
+            [s.finished_lengths, jnp.full((batch, 2 * K), t + 1, jnp.int32)], 1
+        )
+        _, keep = jax.lax.top_k(jnp.where(flags, scores, -jnp.inf), K)
+        return BeamState(
+            step=t + 1,
+            live_seqs=_take(top_seqs, live_pos),
+            live_log_probs=_take(top_lp, live_pos),
+            live_valid=live_valid,
+            live_cache=live_cache,
+            finished_seqs=_take(jnp.concatenate([s.finished_seqs, top_seqs], 1), keep),
+            finished_scores=_take(scores, keep),
+            finished_lengths=_take(lengths, keep),
+            finished_flags=_take(flags, keep),
+        )
+
+    s = jax.lax.while_loop(cond, body, state)
+
+    # Examples without any finished hypothesis (not reachable with forced EOS, kept for
+    # safety) fall back to their live beams.
+    fallback = ~jnp.any(s.finished_flags, axis=1)
+
+    def pick(fin: Array, live: Array) -> Array:
+        return jnp.where(fallback.reshape((-1,) + (1,) * (fin.ndim - 1)), live, fin)
+
+    flags = pick(s.finished_flags, s.live_valid)
+    scores = pick(s.finished_scores, s.live_log_probs / length_penalty(s.step, alpha))
+    lengths = pick(s.finished_lengths, jnp.full_like(s.finished_lengths, s.step))
+    return BeamResult(
+        sequences=pick(s.finished_seqs, s.live_seqs),
+        scores=jnp.where(flags, scores, -jnp.inf),
+        lengths=jnp.where(flags, lengths, 0),
+        num_steps=s.step,
+    )
+
+
+def greedy_search(
+    step_fn: StepFn,
+    cache: Cache,
+    extra: Extra,
+    *,
+    max_len: int,
+    max_lengths: Array | None = None,
+    alpha: float = 0.0,
+    eos_id: int = EOS_ID,
+    bos_id: int = BOS_ID,
+    pad_id: int = PAD_ID,
+    early_stopping: bool = True,
+) -> BeamResult:
+    """:func:`beam_search` with ``beam_size=1`` (identical results by construction).
+
+    With ``alpha=0`` (the default) this is argmax decoding: the most probable non-PAD/BOS
+    token each step until EOS (forced at the limit). With ``alpha > 0`` the single live beam
+    may continue past an argmax EOS when a longer hypothesis can score better.
+    """
+    return beam_search(
+        step_fn,
+        cache,
+        extra,
+        beam_size=1,
+        alpha=alpha,
+        max_len=max_len,
+        max_lengths=max_lengths,
+        eos_id=eos_id,
+        bos_id=bos_id,
+        pad_id=pad_id,
+        early_stopping=early_stopping,
+    )
