@@ -1,0 +1,337 @@
+"""Document-level translation metrics: s-BLEU, d-BLEU and chrF via sacreBLEU.
+
+All metrics use sacreBLEU's defaults on detokenised text (13a tokenisation for BLEU, cased
+unless ``lowercase``):
+
+* **s-BLEU**: corpus BLEU over the aligned sentences;
+* **d-BLEU**: corpus BLEU over documents, each document's sentences joined with one space
+  (Liu et al., 2020; Zheng et al., 2020's BLEU_doc; G-Transformer);
+* **chrF**: corpus chrF over the aligned sentences.
+
+:func:`score_documents` scores aligned lists of documents in memory (e.g. dev BLEU in the
+training loop). :func:`evaluate_files` reads, aligns and scores a hypothesis and a reference
+file. Accepted files (UTF-8; a file is a TSV if its first non-blank line holds a tab):
+
+* hypotheses: TSV ``doc_id<TAB>hyp`` (optional header ``doc_id<TAB>hyp``), one row per
+  sentence, a document's rows contiguous; an empty ``hyp`` is an empty hypothesis. Or plain
+  text, one sentence per line, blank lines between documents.
+* references: the corpus TSV ``doc_id<TAB>src<TAB>tgt`` (optional header
+  ``doc_id<TAB>src<TAB>tgt``), a two-column TSV ``doc_id<TAB>tgt`` (optional header
+  ``doc_id<TAB>tgt``, ``doc_id<TAB>ref`` or ``doc_id<TAB>hyp``), or plain text as above.
+  Empty reference sentences are errors.
+
+Plain-text documents have no ids: they are called ``doc N`` (``N`` 1-based) and, if either
+file is plain text, documents are matched by position; otherwise by doc id, in the
+reference's order. Malformed files and mismatches raise
+:class:`~docnmt_jax.data.documents.CorpusFormatError` (one line, ``FILE[:LINE]: reason``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from sacrebleu.metrics import BLEU, CHRF
+
+from docnmt_jax.data.documents import CorpusFormatError
+from docnmt_jax.data.readers import _first_nonblank_line, _is_blank, _read_lines
+
+PathLike = str | os.PathLike
+
+#: Header lines recognised (and skipped) on line 1 of a TSV, by number of columns.
+TSV_HEADERS = {
+    2: ("doc_id\thyp", "doc_id\ttgt", "doc_id\tref"),
+    3: ("doc_id\tsrc\ttgt",),
+}
+_MAX_LISTED = 5  # Document ids listed in one error message.
+
+
+@dataclasses.dataclass(frozen=True)
+class TextDocument:
+    """One side of a document: its sentences and where it starts in its file.
+
+    ``positional`` is True when the file carries no ids (plain text) and ``doc_id`` is
+    ``doc N``.
+    """
+
+    doc_id: str
+    sentences: tuple[str, ...]
+    path: str
+    line: int
+    positional: bool = False
+
+    def __len__(self) -> int:
+        return len(self.sentences)
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading.
+
+
+def is_tsv(path: PathLike) -> bool:
+    """Whether a file is a TSV: its first non-blank line contains a tab."""
+    first = _first_nonblank_line(path)
+    return first is not None and "\t" in first
+
+
+def _read_plain(path: str) -> list[TextDocument]:
+    docs: list[TextDocument] = []
+    start, cur = 0, []
+    for i, line in enumerate([*_read_lines(path), ""]):
+        if _is_blank(line):
+            if cur:
+                n = len(docs) + 1
+                docs.append(TextDocument(f"doc {n}", tuple(cur), path, start, positional=True))
+            cur = []
+            continue
+        if not cur:
+            start = i + 1
+        cur.append(line)
+    return docs
+
+
+def _read_tsv(
+    path: str, columns: tuple[int, ...], allow_empty: bool, role: str
+) -> list[TextDocument]:
+    """Reads ``doc_id<TAB>...<TAB>text`` rows with ``len(fields) in columns`` (all rows alike)."""
+    lines = _read_lines(path)
+    end = len(lines)
+    while end > 0 and _is_blank(lines[end - 1]):
+        end -= 1  # Trailing blank lines are tolerated.
+    first = 0
+    if end > 0 and any(lines[0] in TSV_HEADERS[c] for c in columns):
+        first = 1
+    names = {2: "doc_id, hyp" if allow_empty else "doc_id, tgt", 3: "doc_id, src, tgt"}
+    expected = " or ".join(f"{c} ({names[c]})" for c in columns)
+    ncols = 0
+    ncols_line = 0
+    seen: dict[str, int] = {}  # doc_id -> line where the document starts.
+    rows: list[tuple[str, list[str]]] = []  # (doc_id, sentences), in file order.
+    for i in range(first, end):
+        lineno = i + 1
+        line = lines[i]
+        fields = line.split("\t")
+        if _is_blank(line) and len(fields) == 1:
+            raise CorpusFormatError(
+                path, lineno, "blank line (blank lines are allowed only at the end of a TSV)"
+            )
+        if not ncols and len(fields) in columns:
+            ncols, ncols_line = len(fields), lineno
+        if len(fields) != ncols:
+            hint = " (a tab inside the text?)" if len(fields) > max(columns) else ""
+            want = f"{ncols} (as on line {ncols_line})" if ncols else expected
+            raise CorpusFormatError(
+                path,
+                lineno,
+                f"{role} TSV: expected {want} tab-separated columns, found {len(fields)}{hint}",
+            )
+        doc_id, text = fields[0], fields[-1]
+        if _is_blank(doc_id):
+            raise CorpusFormatError(path, lineno, "empty doc_id")
+        if not allow_empty and _is_blank(text):
+            raise CorpusFormatError(path, lineno, f"{role} sentence is empty (document {doc_id!r})")
+        if not rows or doc_id != rows[-1][0]:
+            if doc_id in seen:
+                prev = rows[-1][0]
+                raise CorpusFormatError(
+                    path,
+                    lineno,
+                    f"rows of document {doc_id!r} are not contiguous: it started at line "
+                    f"{seen[doc_id]}, then document {prev!r} started at line {seen[prev]}",
+                )
+            seen[doc_id] = lineno
+            rows.append((doc_id, []))
+        rows[-1][1].append("" if _is_blank(text) else text)
+    return [TextDocument(d, tuple(sents), path, seen[d]) for d, sents in rows]
+
+
+def read_hypotheses(path: PathLike) -> list[TextDocument]:
+    """Reads system output: TSV ``doc_id<TAB>hyp`` (header optional) or blank-line separated
+    plain text. Empty hypotheses are allowed in the TSV (as ``""``)."""
+    path = os.fspath(path)
+    if is_tsv(path):
+        return _read_tsv(path, (2,), allow_empty=True, role="hypothesis")
+    return _read_plain(path)
+
+
+def read_references(path: PathLike) -> list[TextDocument]:
+    """Reads references: TSV ``doc_id<TAB>src<TAB>tgt`` or ``doc_id<TAB>tgt`` (header
+    optional), or blank-line separated plain text. Empty references are errors."""
+    path = os.fspath(path)
+    if is_tsv(path):
+        return _read_tsv(path, (2, 3), allow_empty=False, role="reference")
+    return _read_plain(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Alignment.
+
+
+def _listing(docs: Sequence[TextDocument]) -> str:
+    shown = ", ".join(f"{d.doc_id!r} ({d.where})" for d in docs[:_MAX_LISTED])
+    more = f" and {len(docs) - _MAX_LISTED} more" if len(docs) > _MAX_LISTED else ""
+    return shown + more
+
+
+def align_documents(
+    hyp_docs: Sequence[TextDocument], ref_docs: Sequence[TextDocument]
+) -> list[tuple[TextDocument, TextDocument]]:
+    """Pairs hypothesis and reference documents, in the reference's order.
+
+    By doc id when both sides have ids, else by position. Raises
+    :class:`CorpusFormatError` naming missing/extra documents, or the first document whose
+    sentence counts differ (with both counts and both start lines).
+    """
+    if not ref_docs:
+        raise CorpusFormatError("<reference>", None, "the reference holds no documents")
+    hyp_path, ref_path = hyp_docs[0].path if hyp_docs else "<hypothesis>", ref_docs[0].path
+    by_position = any(d.positional for d in (*hyp_docs[:1], *ref_docs[:1]))
+    if by_position:
+        if len(hyp_docs) != len(ref_docs):
+            n = min(len(hyp_docs), len(ref_docs))
+            extra = (
+                f"reference documents without a hypothesis: {_listing(ref_docs[n:])}"
+                if len(ref_docs) > n
+                else f"hypothesis documents beyond the reference: {_listing(hyp_docs[n:])}"
+            )
+            raise CorpusFormatError(
+                hyp_path,
+                None,
+                f"{len(hyp_docs)} hypothesis documents but {len(ref_docs)} in {ref_path} "
+                f"(matched by position); {extra}",
+            )
+        pairs = list(zip(hyp_docs, ref_docs, strict=True))
+    else:
+        hyp_by_id = {d.doc_id: d for d in hyp_docs}
+        ref_ids = {d.doc_id for d in ref_docs}
+        missing = [d for d in ref_docs if d.doc_id not in hyp_by_id]
+        extra = [d for d in hyp_docs if d.doc_id not in ref_ids]
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"{len(missing)} reference documents missing: {_listing(missing)}")
+            if extra:
+                parts.append(f"{len(extra)} documents not in the reference: {_listing(extra)}")
+            raise CorpusFormatError(
+                hyp_path, None, f"document ids differ from {ref_path}: " + "; ".join(parts)
+            )
+        pairs = [(hyp_by_id[r.doc_id], r) for r in ref_docs]
+    for h, r in pairs:
+        if len(h) != len(r):
+            name = r.doc_id if not r.positional else h.doc_id
+            raise CorpusFormatError(
+                h.path,
+                h.line,
+                f"document {name!r} has {len(h)} hypothesis sentences starting at line "
+                f"{h.line} but {len(r)} reference sentences in {r.path} starting at line "
+                f"{r.line}",
+            )
+    return pairs
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring.
+
+
+def _bleu_result(metric: BLEU, hyps: list[str], refs: list[str]) -> dict[str, Any]:
+    s = metric.corpus_score(hyps, [refs])
+    return {
+        "score": s.score,
+        "signature": str(metric.get_signature()),
+        "precisions": list(s.precisions),
+        "bp": s.bp,
+        "ratio": s.ratio,
+        "sys_len": s.sys_len,
+        "ref_len": s.ref_len,
+        "counts": list(s.counts),
+        "totals": list(s.totals),
+    }
+
+
+def score_documents(
+    hyp_docs: Sequence[Sequence[str]],
+    ref_docs: Sequence[Sequence[str]],
+    lowercase: bool = False,
+) -> dict[str, Any]:
+    """Scores aligned documents (each a list of sentences): s-BLEU, d-BLEU and chrF.
+
+    Returns ``{"s_bleu", "d_bleu": {score, signature, precisions, bp, ratio, sys_len,
+    ref_len, counts, totals}, "chrf": {score, signature, char_order, word_order, beta},
+    "documents", "sentences", "empty_hypotheses", "lowercase"}``. Raises ValueError if the
+    documents or their sentence counts are not aligned, or there is nothing to score.
+    """
+    if len(hyp_docs) != len(ref_docs):
+        raise ValueError(f"{len(hyp_docs)} hypothesis documents but {len(ref_docs)} references")
+    for k, (h, r) in enumerate(zip(hyp_docs, ref_docs, strict=True)):
+        if len(h) != len(r):
+            raise ValueError(
+                f"document {k}: {len(h)} hypothesis sentences but {len(r)} reference sentences"
+            )
+    hyps = [s for d in hyp_docs for s in d]
+    refs = [s for d in ref_docs for s in d]
+    if not refs:
+        raise ValueError("no sentences to score")
+    chrf = CHRF(lowercase=lowercase)
+    c = chrf.corpus_score(hyps, [refs])
+    return {
+        "s_bleu": _bleu_result(BLEU(lowercase=lowercase), hyps, refs),
+        "d_bleu": _bleu_result(
+            BLEU(lowercase=lowercase),
+            [" ".join(d) for d in hyp_docs],
+            [" ".join(d) for d in ref_docs],
+        ),
+        "chrf": {
+            "score": c.score,
+            "signature": str(chrf.get_signature()),
+            "char_order": c.char_order,
+            "word_order": c.word_order,
+            "beta": c.beta,
+        },
+        "documents": len(ref_docs),
+        "sentences": len(refs),
+        "empty_hypotheses": sum(1 for s in hyps if not s.strip()),
+        "lowercase": lowercase,
+    }
+
+
+def evaluate_files(hyp_path: PathLike, ref_path: PathLike, lowercase: bool = False) -> dict:
+    """Reads, aligns (see :func:`align_documents`) and scores two files; the result of
+    :func:`score_documents` plus ``hyp`` and ``ref`` (the paths)."""
+    hyp_path, ref_path = os.fspath(hyp_path), os.fspath(ref_path)
+    ref_docs = read_references(ref_path)
+    if not ref_docs:
+        raise CorpusFormatError(ref_path, None, "no reference documents in the file")
+    hyp_docs = read_hypotheses(hyp_path)
+    if not hyp_docs:
+        raise CorpusFormatError(hyp_path, None, "no hypothesis documents in the file")
+    pairs = align_documents(hyp_docs, ref_docs)
+    result = score_documents(
+        [h.sentences for h, _ in pairs], [r.sentences for _, r in pairs], lowercase=lowercase
+    )
+    return {**result, "hyp": hyp_path, "ref": ref_path}
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """The human-readable block printed by ``launch/evaluate.py``."""
+    lines = []
+    for key, name in (("s_bleu", "s-BLEU"), ("d_bleu", "d-BLEU")):
+        r = result[key]
+        prec = "/".join(f"{p:.1f}" for p in r["precisions"])
+        lines.append(f"{name:9s}{r['score']:6.2f}  ({r['signature']})")
+        lines.append(
+            f"{'':15s}{prec} (BP = {r['bp']:.3f} ratio = {r['ratio']:.3f} "
+            f"hyp_len = {r['sys_len']} ref_len = {r['ref_len']})"
+        )
+    c = result["chrf"]
+    lines.append(f"{'chrF':9s}{c['score']:6.2f}  ({c['signature']})")
+    lines.append(f"{'documents':11s}{result['documents']}")
+    lines.append(
+        f"{'sentences':11s}{result['sentences']}  ({result['empty_hypotheses']} empty hypotheses)"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""Scores document translations: s-BLEU, d-BLEU and chrF (sacreBLEU defaults).
+
+Usage (from the repository root)::
+
+    python launch/evaluate.py --hyp runs/NAME/test.hyp.tsv --ref data/bible/test.tsv \\
+        [--json] [--lowercase]
+
+``--hyp``: TSV ``doc_id<TAB>hyp`` (header optional; ``launch/translate.py`` writes it) or plain
+text, one sentence per line, blank lines between documents. ``--ref``: the corpus TSV
+``doc_id<TAB>src<TAB>tgt``, a TSV ``doc_id<TAB>tgt``, or plain text. A file is a TSV when its
+first line holds a tab. Documents are matched by doc id (by position if either file is plain
+text); see :mod:`docnmt_jax.evaluation.metrics`. Prints a report, or with ``--json`` one JSON
+object, on stdout; a malformed or mismatched file exits with status 1 and a one-line error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from docnmt_jax.data.documents import CorpusFormatError  # noqa: E402
+from docnmt_jax.evaluation.metrics import evaluate_files, format_report  # noqa: E402
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string("hyp", None, "Hypotheses: TSV doc_id<TAB>hyp, or blank-line separated text.")
+flags.DEFINE_string(
+    "ref", None, "References: TSV doc_id<TAB>src<TAB>tgt or doc_id<TAB>tgt, or plain text."
+)
+flags.DEFINE_bool("json", False, "Print one JSON object instead of the text report.")
+flags.DEFINE_bool("lowercase", False, "Case-insensitive scores (sacreBLEU lowercase=True).")
+flags.mark_flags_as_required(["hyp", "ref"])
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    try:
+        result = evaluate_files(FLAGS.hyp, FLAGS.ref, lowercase=FLAGS.lowercase)
+    except (CorpusFormatError, OSError) as e:
+        print(f"evaluate.py: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    if FLAGS.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        print(format_report(result))
+
+
+if __name__ == "__main__":
+    app.run(main)
