@@ -53,8 +53,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.eval_every = 1000  # steps between dev evaluations (and best-checkpoint checks)
     config.train.checkpoint_every = 1000  # steps between checkpoints
     config.train.keep_checkpoints = 3  # how many of the latest checkpoints to keep
-    config.train.best_metric = "dev_loss"  # dev metric that picks the best checkpoint
-    config.train.best_mode = "min"  # min or max
+    config.train.dev_bleu = True  # translate the dev set at each evaluation: dev_bleu, dev_dbleu
+    config.train.dev_bleu_beam = 1  # beam size for dev BLEU (1 = greedy, fastest)
+    config.train.dev_bleu_alpha = 0.0  # length penalty for dev BLEU (0: beam 1 is pure argmax)
+    config.train.best_metric = "dev_bleu"  # dev metric that picks the best checkpoint
+    config.train.best_mode = "max"  # max for BLEU, min for dev_loss
     config.train.time_budget_minutes = 0.0  # stop (and save) after this long; 0 = no limit
 
     # Initialise parameters from another run (pretrain-then-finetune); optimiser starts fresh.

@@ -41,5 +41,8 @@ def tiny_config(data_dir: str, **train_overrides):
     config.train.eval_every = 1000
     config.train.checkpoint_every = 1000
     config.train.num_steps = 10
+    config.train.dev_bleu = False
+    config.train.best_metric = "dev_loss"
+    config.train.best_mode = "min"
     config.train.update(train_overrides)
     return config

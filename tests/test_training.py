@@ -182,3 +182,70 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(synthetic_dir, tmp_path):
     steps = [int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit()]
     assert steps and max(steps) >= 10
     assert "(sigterm)" in log.read_text()
+
+
+def test_tiny_config_trains_200_steps_and_loss_falls(synthetic_dir, tmp_path):
+    config = tiny_config(synthetic_dir, num_steps=200, warmup_steps=60, lr_scale=2.0)
+    config.train.eval_every = 100
+    config.model.dropout_rate = 0.0
+    result = trainer.train_and_evaluate(config, str(tmp_path / "run"), record_losses=True)
+    assert result.step == 200
+    assert np.mean(result.losses[-20:]) < np.mean(result.losses[:20]) - 1.0
+    log = (tmp_path / "run" / "train.log").read_text()
+    first_dev = float(log.split("step=100 dev_loss=")[1].split()[0])
+    assert result.dev_metrics["dev_loss"] < first_dev
+    assert os.listdir(tmp_path / "run" / "best")
+
+
+def test_own_corpus_files_and_existing_tokenizer(synthetic_dir, tmp_path):
+    # Train on the corpus given as files (plain-text pair for train, TSV for dev), reusing a
+    # tokenizer from another run: no code change, only config keys.
+    from docnmt_jax.data import readers
+
+    docs = readers.read_tsv(os.path.join(synthetic_dir, "train.tsv"))[:40]
+    src, tgt = tmp_path / "train.src", tmp_path / "train.tgt"
+    src.write_text("\n\n".join("\n".join(d.src) for d in docs) + "\n", encoding="utf-8")
+    tgt.write_text("\n\n".join("\n".join(d.tgt) for d in docs) + "\n", encoding="utf-8")
+    first = trainer.train_and_evaluate(tiny_config(synthetic_dir, num_steps=1), str(tmp_path / "a"))
+    assert first.step == 1
+    config = tiny_config(str(tmp_path / "unused"), num_steps=2)
+    config.data.train = f"{src},{tgt}"
+    config.data.dev = os.path.join(synthetic_dir, "dev.tsv")
+    config.data.tokenizer = str(tmp_path / "a" / "spm.model")
+    result = trainer.train_and_evaluate(config, str(tmp_path / "b"))
+    assert result.step == 2 and np.isfinite(result.dev_metrics["dev_loss"])
+    assert not os.path.exists(tmp_path / "b" / "spm.model")
+    config.data.dev = ""
+    with pytest.raises(ValueError, match="config.data.dev is empty"):
+        trainer.train_and_evaluate(config, str(tmp_path / "c"))
+
+
+def test_init_from_a_run_into_a_bigger_model(synthetic_dir, tmp_path):
+    trainer.train_and_evaluate(tiny_config(synthetic_dir, num_steps=2), str(tmp_path / "pre"))
+    config = tiny_config(synthetic_dir, num_steps=1)
+    config.data.tokenizer = str(tmp_path / "pre" / "spm.model")
+    config.model.num_decoder_layers = 2
+    config.init_from = str(tmp_path / "pre")
+    with pytest.raises(ValueError, match="decoder_layers_1/.*missing from checkpoint|missing"):
+        trainer.train_and_evaluate(config, str(tmp_path / "fine"))
+    config.init_from_allow_new = True
+    result = trainer.train_and_evaluate(config, str(tmp_path / "fine2"))
+    assert result.step == 1
+    assert "init_from" in (tmp_path / "fine2" / "train.log").read_text()
+
+
+def test_bfloat16_compute_trains(synthetic_dir, tmp_path):
+    config = tiny_config(synthetic_dir, num_steps=3)
+    config.model.dtype = "bfloat16"
+    result = trainer.train_and_evaluate(config, str(tmp_path / "bf16"), record_losses=True)
+    assert all(np.isfinite(result.losses))
+    # Parameters stay float32 in the checkpoint.
+    restored = checkpoints.Checkpointer(str(tmp_path / "bf16"))
+    state_dir = checkpoints.resolve_state_dir(str(tmp_path / "bf16"))
+    import orbax.checkpoint as ocp
+
+    saved = ocp.StandardCheckpointer().restore(state_dir)
+    assert {np.asarray(x).dtype for x in jax.tree_util.tree_leaves(saved["params"])} == {
+        np.dtype("float32")
+    }
+    restored.close()

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from docnmt_jax.data.tokenizer import BOS_ID
+from docnmt_jax.decoding.beam_search import beam_search, source_length_limits
 from docnmt_jax.models import layers
 
 Array = jax.Array
@@ -223,6 +224,8 @@ def sentence_rows(batch: dict[str, Array]) -> dict[str, Array]:
 class SentenceTransformerTask:
     """Adapter between the training loop and :class:`Transformer`: init and logits per batch."""
 
+    sentence_level = True  # translation batches hold one sentence per row
+
     def __init__(self, config: TransformerConfig):
         self.config = config
         self.train_module = Transformer(dataclasses.replace(config, deterministic=False))
@@ -250,3 +253,33 @@ class SentenceTransformerTask:
             rngs=rngs,
         )
         return logits, rows["tgt"], rows["tgt_mask"]
+
+    def translate_batch(self, params: Any, batch: dict[str, Array], search: Any) -> Array:
+        """Beam search over every sentence of ``batch``: ids ``[B, S, L]`` (EOS, then PAD).
+
+        The encoder runs once; the search's cache holds the decoder self-attention keys and
+        values plus the cross-attention keys and values of the encoder output.
+        """
+        rows = sentence_rows(batch)
+        module = self.eval_module
+        variables = {"params": params}
+        max_len = search.output_len(rows["src"].shape[-1])
+        encoded = module.apply(variables, rows["src"], rows["src_mask"], method=module.encode)
+        cache = module.apply(variables, encoded, max_len, method=module.init_cache)
+        max_lengths = source_length_limits(rows["src_mask"], search.len_a, search.len_b, max_len)
+
+        def step_fn(cache: Cache, tokens: Array, extra: dict[str, Array]) -> tuple[Array, Cache]:
+            return module.apply(
+                variables, cache, tokens, extra["src_mask"], method=module.decode_step
+            )
+
+        result = beam_search(
+            step_fn,
+            cache,
+            {"src_mask": rows["src_mask"]},
+            beam_size=search.beam_size,
+            alpha=search.alpha,
+            max_len=max_len,
+            max_lengths=max_lengths,
+        )
+        return result.sequences[:, 0].reshape(batch["src"].shape[:2] + (max_len,))

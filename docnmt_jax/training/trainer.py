@@ -32,6 +32,8 @@ from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data import readers
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.tokenizer import Tokenizer, get_or_train_tokenizer, load_tokenizer
+from docnmt_jax.decoding.translator import SearchConfig, Translator
+from docnmt_jax.evaluation.metrics import score_documents
 from docnmt_jax.models import build_task
 from docnmt_jax.training import checkpoints, losses, optim
 
@@ -148,6 +150,36 @@ def evaluate_loss(eval_step: Callable, params: PyTree, batches: Iterator[dict]) 
     }
 
 
+def make_bleu_hook(
+    task: Any,
+    tokenizer: Tokenizer,
+    documents: list[Document],
+    search: SearchConfig,
+    batch_tokens: int,
+    max_sentences: int,
+) -> EvalHook:
+    """Dev s-BLEU / d-BLEU / chrF of the current parameters (sacreBLEU on detokenised text).
+
+    One :class:`Translator` lives across evaluations, so its jitted search compiles once.
+    """
+    translator = Translator(
+        task, None, tokenizer, search, batch_tokens=batch_tokens, max_sentences=max_sentences
+    )
+    references = [list(doc.tgt) for doc in documents]
+
+    def hook(params: PyTree, step: int) -> dict[str, float]:
+        translator.params = params
+        hyps = translator.translate(documents)
+        scores = score_documents(hyps, references)
+        return {
+            "dev_bleu": scores["s_bleu"]["score"],
+            "dev_dbleu": scores["d_bleu"]["score"],
+            "dev_chrf": scores["chrf"]["score"],
+        }
+
+    return hook
+
+
 # ---------------------------------------------------------------------------------------------
 # Logging.
 
@@ -235,8 +267,18 @@ def train_and_evaluate(
     ``eval_hooks`` add dev metrics (e.g. BLEU) at every evaluation; ``record_losses`` keeps
     every step's training loss (synchronising each step; for tests).
     """
-    os.makedirs(workdir, exist_ok=True)
     tcfg = config.train
+    known = {"dev_loss", "dev_nll", "dev_ppl"} | (
+        {"dev_bleu", "dev_dbleu", "dev_chrf"} if tcfg.get("dev_bleu", False) else set()
+    )
+    if tcfg.best_metric not in known and not eval_hooks:
+        raise ValueError(
+            f"config.train.best_metric={tcfg.best_metric!r} is never computed; choose one of "
+            f"{sorted(known)} (BLEU metrics need config.train.dev_bleu=True)"
+        )
+    if tcfg.best_mode not in ("min", "max"):
+        raise ValueError(f"config.train.best_mode must be min or max, got {tcfg.best_mode!r}")
+    os.makedirs(workdir, exist_ok=True)
     runlog = RunLog(workdir)
     if jax.process_index() == 0:
         with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
@@ -294,6 +336,18 @@ def train_and_evaluate(
     runlog.note(f"model {config.model.name}: {num_params:,} parameters; starting at step {start}")
 
     train_step, eval_step = make_steps(task, tx, schedule, tcfg.label_smoothing, tcfg.seed)
+    if tcfg.get("dev_bleu", False):
+        eval_hooks = (
+            *eval_hooks,
+            make_bleu_hook(
+                task,
+                tokenizer,
+                dev_docs,
+                SearchConfig(beam_size=tcfg.dev_bleu_beam, alpha=tcfg.dev_bleu_alpha),
+                config.data.eval_batch_tokens,
+                config.data.max_sentences,
+            ),
+        )
     dataset = pipeline_lib.make_dataset(train_plan, start_step=start).as_numpy_iterator()
 
     def run_eval(step: int) -> dict[str, float]:

@@ -1,0 +1,109 @@
+"""Loading a finished or running training run for translation and evaluation.
+
+A workdir holds ``config.json``, ``spm.model`` (unless ``config.data.tokenizer`` names one),
+``checkpoints/<step>`` and ``best/<step>``; :func:`load_translator` rebuilds the model from the
+config and restores only its parameters from the chosen checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+
+from docnmt_jax.data.tokenizer import Tokenizer, load_tokenizer
+from docnmt_jax.decoding.translator import SearchConfig, Translator
+from docnmt_jax.models import build_task
+from docnmt_jax.training import checkpoints
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: is {workdir} a training workdir?")
+    with open(path, encoding="utf-8") as f:
+        return ml_collections.ConfigDict(json.load(f))
+
+
+def load_run_tokenizer(config: ml_collections.ConfigDict, workdir: str) -> Tokenizer:
+    return load_tokenizer(config.data.tokenizer or os.path.join(workdir, "spm.model"))
+
+
+def checkpoint_step_dir(workdir: str, which: str) -> tuple[str, int]:
+    """The step directory of ``best``, ``latest`` or a step number, and that step."""
+
+    def steps(sub: str) -> list[int]:
+        path = os.path.join(workdir, sub)
+        return (
+            sorted(int(d) for d in os.listdir(path) if d.isdigit()) if os.path.isdir(path) else []
+        )
+
+    if which == "best" and steps("best"):
+        return os.path.join(workdir, "best", str(steps("best")[-1])), steps("best")[-1]
+    if which in ("best", "latest"):
+        if not steps("checkpoints"):
+            raise FileNotFoundError(f"{workdir}: no checkpoint in checkpoints/ or best/")
+        return os.path.join(workdir, "checkpoints", str(steps("checkpoints")[-1])), steps(
+            "checkpoints"
+        )[-1]
+    if not which.isdigit():
+        raise ValueError(f"--checkpoint must be best, latest or a step number, got {which!r}")
+    for sub in ("checkpoints", "best"):
+        if int(which) in steps(sub):
+            return os.path.join(workdir, sub, which), int(which)
+    raise FileNotFoundError(
+        f"{workdir}: no checkpoint at step {which}; available: {steps('checkpoints')} "
+        f"(latest), {steps('best')} (best)"
+    )
+
+
+def dummy_batch(sentences: int = 1, length: int = 4) -> dict[str, np.ndarray]:
+    """A minimal batch with every pipeline feature, for building parameter structures."""
+    shape = (1, sentences, length)
+    ones = np.ones(shape, np.int32)
+    return {
+        "src": ones * 4,
+        "tgt": ones * 4,
+        "src_mask": ones,
+        "tgt_mask": ones,
+        "src_positions": np.broadcast_to(np.arange(length, dtype=np.int32), shape).copy(),
+        "tgt_positions": np.broadcast_to(np.arange(length, dtype=np.int32), shape).copy(),
+        "src_segment_ids": ones,
+        "tgt_segment_ids": ones,
+        "sentence_mask": np.ones(shape[:2], np.int32),
+        "doc_index": np.zeros(1, np.int32),
+        "chunk_index": np.zeros(1, np.int32),
+        "sentence_offset": np.zeros(1, np.int32),
+    }
+
+
+def load_params(task: Any, workdir: str, which: str) -> tuple[Any, int]:
+    """Parameters of ``task`` restored from ``which`` checkpoint of ``workdir``, and its step."""
+    template = nn.meta.unbox(task.init(jax.random.PRNGKey(0), dummy_batch())["params"])
+    step_dir, step = checkpoint_step_dir(workdir, which)
+    params, _ = checkpoints.init_params_from(step_dir, template)
+    return jax.tree_util.tree_map(np.asarray, params), step
+
+
+def load_translator(
+    workdir: str, which: str, search: SearchConfig, batch_tokens: int = 4096
+) -> tuple[Translator, int]:
+    """A :class:`Translator` for the run in ``workdir`` and the checkpoint step it uses."""
+    config = load_config(workdir)
+    tokenizer = load_run_tokenizer(config, workdir)
+    task = build_task(config.model, tokenizer.vocab_size)
+    params, step = load_params(task, workdir, which)
+    translator = Translator(
+        task,
+        params,
+        tokenizer,
+        search,
+        batch_tokens=batch_tokens,
+        max_sentences=config.data.max_sentences,
+    )
+    return translator, step
