@@ -178,31 +178,6 @@ SIZES = {
 }
 
 
-def _train_batch(rows: int, sentences: int, length: int, vocab: int) -> dict[str, Any]:
-    """A fully real (no padding) batch ``[rows, sentences, length]`` of random ids."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    shape = (rows, sentences, length)
-    ones = np.ones(shape, np.int32)
-    positions = np.broadcast_to(np.arange(length, dtype=np.int32), shape).copy()
-    segments = np.broadcast_to(np.arange(1, sentences + 1, dtype=np.int32)[:, None], shape)
-    return {
-        "src": rng.integers(4, vocab, shape).astype(np.int32),
-        "tgt": rng.integers(4, vocab, shape).astype(np.int32),
-        "src_mask": ones,
-        "tgt_mask": ones,
-        "src_positions": positions,
-        "tgt_positions": positions,
-        "src_segment_ids": segments.copy(),
-        "tgt_segment_ids": segments.copy(),
-        "sentence_mask": np.ones((rows, sentences), np.int32),
-        "doc_index": np.arange(rows, dtype=np.int32),
-        "chunk_index": np.zeros(rows, np.int32),
-        "sentence_offset": np.zeros(rows, np.int32),
-    }
-
-
 def train_section(args: argparse.Namespace) -> dict[str, Any]:
     import flax.linen as nn
     import jax
@@ -210,10 +185,11 @@ def train_section(args: argparse.Namespace) -> dict[str, Any]:
 
     from docnmt_jax.models import build_task
     from docnmt_jax.training import optim, trainer
+    from docnmt_jax.training.restore import dummy_batch
 
     size = SIZES[args.size]
     rows = max(1, args.batch_tokens // args.length)
-    batch = _train_batch(rows, 1, args.length, args.vocab)
+    batch = dummy_batch(1, args.length, rows=rows, vocab_size=args.vocab)
     results = []
     for name in args.models.split(","):
         model_cfg = {

@@ -61,7 +61,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -368,6 +368,21 @@ class EpochPlan:
         return EpochPlan(self.ids[first:], self.sizes[start:], self.s[start:], self.t[start:])
 
 
+def _assemble(
+    tokens: Any, m: Any, positions: Any, segments: Any, rows: Any, sent_mask: Any
+) -> dict[str, Any]:
+    """The batch features from side-stacked ``[2, B, S, T]`` arrays (NumPy or TF alike)."""
+    out = {"sentence_mask": sent_mask}
+    for i, side in enumerate(("src", "tgt")):
+        out[side] = tokens[i]
+        out[f"{side}_mask"] = m[i]
+        out[f"{side}_positions"] = positions[i]
+        out[f"{side}_segment_ids"] = segments[i]
+    for j, name in enumerate(_ROW_FEATURES, start=2):
+        out[name] = rows[:, j]
+    return {k: out[k] for k in BATCH_FEATURES}
+
+
 class BatchPlan:
     """Deterministic global batch plan over epochs; step ``n`` = the ``n``-th global batch."""
 
@@ -554,16 +569,9 @@ class BatchPlan:
         m = mask.astype(np.int32)
         positions = m * pos.astype(np.int32)
         segments = m * (srange + 1).astype(np.int32)[None, None, :, None]
-        rows = rows.astype(np.int32)
-        out: Batch = {"sentence_mask": sent_mask.astype(np.int32)}
-        for i, side in enumerate(("src", "tgt")):
-            out[side] = tokens[i]
-            out[f"{side}_mask"] = m[i]
-            out[f"{side}_positions"] = positions[i]
-            out[f"{side}_segment_ids"] = segments[i]
-        for j, name in enumerate(_ROW_FEATURES, start=2):
-            out[name] = rows[:, j]
-        return {k: out[k] for k in BATCH_FEATURES}
+        return _assemble(
+            tokens, m, positions, segments, rows.astype(np.int32), sent_mask.astype(np.int32)
+        )
 
 
 def _as_plan(
@@ -641,15 +649,7 @@ def _tf_materializer(plan: BatchPlan) -> Callable[..., dict[str, tf.Tensor]]:
         positions = m * tf.cast(pos, tf.int32)
         segments = m * tf.cast(srange + 1, tf.int32)[None, None, :, None]
         rows = tf.cast(rows, tf.int32)
-        out = {"sentence_mask": tf.cast(sent_mask, tf.int32)}
-        for i, side in enumerate(("src", "tgt")):
-            out[side] = tokens[i]
-            out[f"{side}_mask"] = m[i]
-            out[f"{side}_positions"] = positions[i]
-            out[f"{side}_segment_ids"] = segments[i]
-        for j, name in enumerate(_ROW_FEATURES, start=2):
-            out[name] = rows[:, j]
-        return {k: out[k] for k in BATCH_FEATURES}
+        return _assemble(tokens, m, positions, segments, rows, tf.cast(sent_mask, tf.int32))
 
     return materialize
 
