@@ -107,9 +107,9 @@ class Translator:
         """The translation of every sentence of ``documents``, document by document."""
         start = time.perf_counter()
         out: list[list[str | None]] = [[None] * len(doc) for doc in documents]
-        plan = pipeline_lib.plan_batches(
-            documents, self.tokenizer.encode_batch, self.pipeline_config
-        )
+        # Only the source matters; references (if any) are not looked at.
+        sources = [Document(d.doc_id, d.src, ("",) * len(d)) for d in documents]
+        plan = pipeline_lib.plan_batches(sources, self.tokenizer.encode_batch, self.pipeline_config)
         for batch in pipeline_lib.numpy_batches(plan):
             self.stats.shapes.add(tuple(batch["src"].shape))
             ids = np.asarray(jax.device_get(self._translate_batch(self.params, batch)))
@@ -141,7 +141,6 @@ class Translator:
         """Yields ``(doc_id, translations)`` in input order, ``block_documents`` at a time."""
         block: list[Document] = []
         for doc_id, sentences in documents:
-            # Targets are unknown at translation time; the pipeline only needs their slots.
             block.append(Document(doc_id, tuple(sentences), ("",) * len(sentences)))
             if len(block) >= block_documents:
                 yield from zip((d.doc_id for d in block), self.translate(block), strict=True)
