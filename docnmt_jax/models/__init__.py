@@ -13,7 +13,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from docnmt_jax.models import transformer
+from docnmt_jax.models import final, transformer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -43,4 +43,6 @@ def build_task(model_config: Mapping[str, Any], vocab_size: int) -> Any:
     if name == "transformer":
         cfg = dataclass_from_mapping(transformer.TransformerConfig, values, "config.model")
         return transformer.SentenceTransformerTask(cfg)
-    raise ValueError(f"config.model.name: unknown model {name!r}; known: ['transformer']")
+    if name == "final":
+        return final.FinalTask(dataclass_from_mapping(final.FinalConfig, values, "config.model"))
+    raise ValueError(f"config.model.name: unknown model {name!r}; known: ['final', 'transformer']")

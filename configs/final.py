@@ -1,0 +1,35 @@
+"""FINAL (Zheng et al. 2020): all of Table 3's switches on, at their TED size, on the Bible.
+
+Train: ``python launch/train.py --config configs/final.py --workdir runs/final``. Documents are
+cut into chunks of up to 20 sentences; the encoder sees the whole chunk, the decoder translates
+sentence by sentence with the previous target sentence as Transformer-XL memory.
+"""
+
+import importlib.util
+import os
+
+import ml_collections
+
+
+def transformer_config() -> ml_collections.ConfigDict:
+    """The sentence Transformer's config (configs/transformer.py), the base of every row."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "transformer.py")
+    spec = importlib.util.spec_from_file_location("configs_transformer", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = transformer_config()
+    config.model.name = "final"  # docnmt_jax/models/final.py
+    config.model.reset_word_positions = True  # word positions restart in every sentence
+    config.model.segment_embedding = True  # learned embedding of the sentence index k
+    config.model.segment_relative_attention = True  # global layer with Eq. (1) attention
+    config.model.context_fusion_gate = True  # h = LN((1-g) h_L + g h_G)
+    config.model.xl_decoder = True  # decoder attends to the previous target sentence's states
+    config.model.doc2sent = False  # lower encoder layers see each sentence alone
+    config.model.max_relative_distance = 20  # clip of the sentence distance k - kappa
+    config.model.max_segments = 20  # segment-embedding table size (>= data.max_sentences)
+    config.data.sentence_level = False  # whole document chunks
+    return config

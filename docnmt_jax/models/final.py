@@ -1,0 +1,768 @@
+"""FINAL: the unified local/global document model of Zheng et al. (2020), Sec. 4.
+
+Documents come as chunks ``[B, S, T]`` (``S`` sentences of ``T`` tokens, PAD after EOS).
+
+* Input (Sec. 4.1): ``x~_{k,i} = E[x_{k,i}] + E^s_k + E^w_i`` -- word positions restart in every
+  sentence (sinusoidal, as the Transformer), ``E^s`` is a learned segment table.
+* Local encoding: ``N-1`` standard encoder layers run on every sentence on its own.
+* Global encoding: one layer of segment-level relative attention over all tokens of the chunk,
+  Eq. (1): ``e = (x_{k,i}W^Q)(x_{kappa,j}W^K + g^K_{k-kappa})^T / sqrt(d)``, values
+  ``x_{kappa,j}W^V + g^V_{k-kappa}`` (``k-kappa`` clipped to ``+-max_relative_distance``), then
+  the gated context fusion ``g = sigmoid(W_g[h^L; h^G])``, ``h = LN((1-g) h^L + g h^G)`` and a
+  feed-forward sublayer. Rows whose chunk has a single sentence skip it: ``h = h^L``.
+* Decoder (Sec. 4.2): Transformer-XL layers; sentence ``k`` attends to
+  ``[SG(s^{l-1}_{k-1}); s^{l-1}_k]`` with the relative positions of Dai et al. (2019)
+  (``(q+u) k^T + (q+v) (W_R R_{i-j})^T``), cross-attends to ``h_k`` only, and shares the output
+  softmax with the embedding. Training computes every sentence of a chunk in one pass per layer
+  (the memory of sentence ``k`` is the previous sentence's layer input, shifted along ``S``).
+
+Switches make the rows of Table 3 configurations of this one module (:data:`TABLE3_SWITCHES`).
+Decisions beyond the paper: per-head scaling ``1/sqrt(d_model/heads)``; without the fusion
+gate ``h = LN(h^L + h^G)``; the memory's relative positions count from its real length (the
+last memory token sits right before the current sentence), so memories padded to any length
+give the same result; with ``pre_ln`` the global layer and the XL self-attention normalise
+their inputs (memory included) and the fusion has no output LayerNorm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from docnmt_jax.data.tokenizer import BOS_ID, PAD_ID
+from docnmt_jax.decoding.beam_search import beam_search, source_length_limits
+from docnmt_jax.models import layers, transformer
+from docnmt_jax.models.transformer import TransformerConfig
+
+Array = jax.Array
+Cache = dict[str, Any]
+Memory = dict[str, Array]  # {"mask": [B, Tm], "layer_i": [B, Tm, D] (input of decoder layer i)}
+
+
+@dataclasses.dataclass(frozen=True)
+class FinalConfig(TransformerConfig):
+    """Transformer hyper-parameters plus the switches of Zheng et al.'s Table 3.
+
+    ``doc2sent``: the lower encoder layers attend over the whole chunk (a document as one
+    sequence) instead of each sentence alone. ``reset_word_positions``: source positions restart
+    in every sentence (else they continue across the chunk). ``segment_embedding``: add
+    ``E^s_k``. ``segment_relative_attention``: the top encoder layer is the global layer
+    (else all ``N`` layers are plain). ``context_fusion_gate``: gated fusion (else residual).
+    ``xl_decoder``: Transformer-XL decoder (else the sentence decoder with absolute positions).
+    """
+
+    reset_word_positions: bool = True
+    segment_embedding: bool = True
+    segment_relative_attention: bool = True
+    context_fusion_gate: bool = True
+    xl_decoder: bool = True
+    doc2sent: bool = False
+    max_relative_distance: int = 20
+    max_segments: int = 20
+
+    def __post_init__(self) -> None:
+        if self.max_relative_distance < 0:
+            raise ValueError(f"max_relative_distance must be >= 0: {self.max_relative_distance}")
+        if self.max_segments < 1:
+            raise ValueError(f"max_segments must be >= 1: {self.max_segments}")
+        if self.num_encoder_layers < 1:
+            raise ValueError(f"num_encoder_layers must be >= 1: {self.num_encoder_layers}")
+
+
+_SWITCHES_OFF = dict(
+    doc2sent=False,
+    reset_word_positions=False,
+    segment_embedding=False,
+    segment_relative_attention=False,
+    context_fusion_gate=False,
+    xl_decoder=False,
+)
+# Table 3 rows as switch settings. The source-side rows are cumulative; from "+segment relative
+# attention" on, the lower layers are local (per sentence), the paper's hierarchical encoder.
+# SENTNMT is the sentence Transformer (``transformer.py``); DOCNMT is not covered.
+TABLE3_SWITCHES: dict[str, dict[str, bool]] = {
+    "doc2sent": dict(_SWITCHES_OFF, doc2sent=True),
+    "doc2sent+reset": dict(_SWITCHES_OFF, doc2sent=True, reset_word_positions=True),
+    "doc2sent+reset+segment": dict(
+        _SWITCHES_OFF, doc2sent=True, reset_word_positions=True, segment_embedding=True
+    ),
+    "+segment_relative_attention": dict(
+        _SWITCHES_OFF,
+        reset_word_positions=True,
+        segment_embedding=True,
+        segment_relative_attention=True,
+    ),
+    "+context_fusion_gate": dict(
+        _SWITCHES_OFF,
+        reset_word_positions=True,
+        segment_embedding=True,
+        segment_relative_attention=True,
+        context_fusion_gate=True,
+    ),
+    "sent2doc_xl": dict(_SWITCHES_OFF, reset_word_positions=True, xl_decoder=True),
+    "final": dict(
+        reset_word_positions=True,
+        segment_embedding=True,
+        segment_relative_attention=True,
+        context_fusion_gate=True,
+        xl_decoder=True,
+        doc2sent=False,
+    ),
+}
+
+
+def _heads_dense(config: TransformerConfig, name: str, use_bias: bool = True) -> nn.DenseGeneral:
+    """``[..., D] -> [..., H, D/H]`` projection with logical axes."""
+    heads = config.num_heads
+    if config.d_model % heads:
+        raise ValueError(f"model dimension {config.d_model} is not divisible by {heads} heads")
+    return nn.DenseGeneral(
+        features=(heads, config.d_model // heads),
+        axis=-1,
+        use_bias=use_bias,
+        dtype=config.dtype,
+        kernel_init=layers.partitioned(nn.initializers.xavier_uniform(), ("embed", "heads", "kv")),
+        bias_init=layers.partitioned(nn.initializers.zeros_init(), ("heads", "kv")),
+        name=name,
+    )
+
+
+def _out_dense(config: TransformerConfig, name: str) -> nn.DenseGeneral:
+    """``[..., H, D/H] -> [..., D]`` output projection with logical axes."""
+    return nn.DenseGeneral(
+        features=config.d_model,
+        axis=(-2, -1),
+        dtype=config.dtype,
+        kernel_init=layers.partitioned(nn.initializers.xavier_uniform(), ("heads", "kv", "embed")),
+        bias_init=layers.partitioned(nn.initializers.zeros_init(), ("embed",)),
+        name=name,
+    )
+
+
+def _relpos_init() -> layers.Initializer:
+    return layers.partitioned(nn.initializers.normal(stddev=0.02), ("relpos", "heads", "kv"))
+
+
+class SegmentRelativeAttention(nn.Module):
+    """Multi-head segment-level relative attention, Eq. (1), over the tokens of a chunk.
+
+    ``gamma^K``/``gamma^V`` (``[2R+1, H, D/H]``) are indexed by the clipped sentence distance
+    ``k - kappa``. The query-gamma products are computed once per distance and spread over
+    sentence pairs with a one-hot ``[S, S, 2R+1]``; the value term is (attention mass per
+    distance) @ ``gamma^V``. Nothing of size ``[S*T, S*T, D]`` is built.
+    """
+
+    config: FinalConfig
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array, num_sentences: int) -> tuple[Array, Array]:
+        """``x [B, S*T, D]``, token ``mask [B, S*T]`` -> (output ``[B, S*T, D]``, weights
+        ``[B, H, S*T, S*T]`` before dropout)."""
+        cfg = self.config
+        batch, length, _ = x.shape
+        S, T = num_sentences, length // num_sentences
+        H, dh = cfg.num_heads, cfg.d_model // cfg.num_heads
+        R = cfg.max_relative_distance
+        q = _heads_dense(cfg, "query")(x)
+        k = _heads_dense(cfg, "key")(x)
+        v = _heads_dense(cfg, "value")(x)
+        gamma_k = self.param("relative_key", _relpos_init(), (2 * R + 1, H, dh))
+        gamma_v = self.param("relative_value", _relpos_init(), (2 * R + 1, H, dh))
+        sent = jnp.arange(S)
+        distance = jnp.clip(sent[:, None] - sent[None, :], -R, R) + R  # [S, S]: k - kappa
+        onehot = jax.nn.one_hot(distance, 2 * R + 1, dtype=jnp.float32)
+
+        content = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
+        q_gamma = jnp.einsum("bqhd,rhd->bhqr", q, gamma_k.astype(q.dtype)).astype(jnp.float32)
+        seg = jnp.einsum("bhstr,scr->bhstc", q_gamma.reshape(batch, H, S, T, -1), onehot)
+        logits = content.reshape(batch, H, S, T, S, T) + seg[..., None]
+        logits = logits.reshape(batch, H, length, length) / np.sqrt(dh)
+        logits = jnp.where(mask[:, None, None, :] > 0, logits, layers.NEG_INF)
+        weights = jax.nn.softmax(logits, axis=-1)
+        dropped = nn.Dropout(cfg.attention_dropout_rate)(weights, deterministic=cfg.deterministic)
+
+        out = jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(cfg.dtype), v)
+        mass = dropped.reshape(batch, H, S, T, S, T).sum(-1)  # [B, H, S, T, S]
+        mass = jnp.einsum("bhstc,scr->bhstr", mass, onehot)  # attention mass per distance
+        rel_v = jnp.einsum("bhstr,rhd->bsthd", mass.astype(cfg.dtype), gamma_v.astype(cfg.dtype))
+        out = out + rel_v.reshape(batch, length, H, dh)
+        return _out_dense(cfg, "out")(out), weights
+
+
+class GlobalContextLayer(nn.Module):
+    """Global context encoding (Sec. 4.1): segment attention, gated fusion, feed-forward."""
+
+    config: FinalConfig
+
+    @nn.compact
+    def __call__(self, h_local: Array, src_mask: Array) -> tuple[Array, Array]:
+        """``h^L [B, S, T, D]`` -> (``h [B, S, T, D]``, attention weights ``[B,H,S*T,S*T]``)."""
+        cfg = self.config
+        B, S, T, D = h_local.shape
+        x = h_local.reshape(B, S * T, D)
+        z = layers.layer_norm(cfg.dtype, name="input_norm")(x) if cfg.pre_ln else x
+        h_global, weights = SegmentRelativeAttention(cfg, name="segment_attention")(
+            z, src_mask.reshape(B, S * T), S
+        )
+        h_global = nn.Dropout(cfg.dropout_rate)(h_global, deterministic=cfg.deterministic)
+        self.sow("intermediates", "h_local", x)
+        self.sow("intermediates", "h_global", h_global)
+        if cfg.context_fusion_gate:
+            gate = nn.Dense(
+                D,
+                dtype=cfg.dtype,
+                kernel_init=layers.partitioned(nn.initializers.xavier_uniform(), ("mlp", "embed")),
+                bias_init=layers.partitioned(nn.initializers.zeros_init(), ("embed",)),
+                name="gate",
+            )(jnp.concatenate([z, h_global], axis=-1))
+            gate = jax.nn.sigmoid(gate)
+            self.sow("intermediates", "gate_values", gate)
+            fused = (1.0 - gate) * x + gate * h_global
+        else:
+            fused = x + h_global
+        if not cfg.pre_ln:
+            fused = layers.layer_norm(cfg.dtype, name="fusion_norm")(fused)
+        self.sow("intermediates", "fused", fused)
+        h = cfg.sublayer("ffn_block")(fused, cfg.feed_forward("ffn"))
+        return h.reshape(B, S, T, D), weights
+
+
+class RelativeSelfAttention(nn.Module):
+    """Multi-head attention with Transformer-XL relative positions (Dai et al. 2019, Sec. 3.3).
+
+    logits = ``[(q+u) k_j + (q+v) W_R R_{i-j}] / sqrt(d)`` with sinusoidal ``R``; the position
+    term is computed once per distance and gathered by the ``[B, Tq, Tk]`` distance matrix.
+    """
+
+    config: FinalConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        H, dh = cfg.num_heads, cfg.d_model // cfg.num_heads
+        self.query = _heads_dense(cfg, "query")
+        self.key = _heads_dense(cfg, "key")
+        self.value = _heads_dense(cfg, "value")
+        self.position = _heads_dense(cfg, "position", use_bias=False)  # W_R
+        self.out = _out_dense(cfg, "out")
+        bias_init = layers.partitioned(nn.initializers.normal(stddev=0.02), ("heads", "kv"))
+        self.content_bias = self.param("content_bias", bias_init, (H, dh))  # u
+        self.position_bias = self.param("position_bias", bias_init, (H, dh))  # v
+        self.dropout = nn.Dropout(cfg.attention_dropout_rate)
+
+    def project_q(self, x: Array) -> Array:
+        return self.query(x)
+
+    def project_kv(self, x: Array) -> tuple[Array, Array]:
+        return self.key(x), self.value(x)
+
+    def attend(
+        self, q: Array, k: Array, v: Array, mask: Array, distances: Array, num_distances: int
+    ) -> Array:
+        """``q [B,Tq,H,d]``, ``k, v [B,Tk,H,d]``, ``mask [B,1,Tq,Tk]``, ``distances [B,Tq,Tk]``
+        (query position minus key position, clipped to ``[0, num_distances)``)."""
+        cfg = self.config
+        dh = q.shape[-1]
+        rel = layers.sinusoidal_encoding(jnp.arange(num_distances), cfg.d_model, cfg.dtype)
+        r = self.position(rel)  # [R, H, d]
+        content = jnp.einsum("bqhd,bkhd->bhqk", q + self.content_bias.astype(q.dtype), k)
+        pos_all = jnp.einsum("bqhd,rhd->bhqr", q + self.position_bias.astype(q.dtype), r)
+        index = jnp.clip(distances, 0, num_distances - 1)[:, None]
+        index = jnp.broadcast_to(index, content.shape)
+        pos = jnp.take_along_axis(pos_all, index, axis=-1)
+        logits = (content.astype(jnp.float32) + pos.astype(jnp.float32)) / np.sqrt(dh)
+        logits = jnp.where(mask, logits, layers.NEG_INF)
+        weights = jax.nn.softmax(logits, axis=-1)
+        weights = self.dropout(weights, deterministic=cfg.deterministic)
+        return self.out(jnp.einsum("bhqk,bkhd->bqhd", weights.astype(cfg.dtype), v))
+
+
+class XLDecoderLayer(nn.Module):
+    """Decoder layer of Sec. 4.2: relative self-attention over ``[SG(memory); current]``
+    (causal over the current sentence, full over the memory's real tokens), cross-attention to
+    the current sentence's encoding, feed-forward; residual sublayers."""
+
+    config: FinalConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.self_attention = RelativeSelfAttention(cfg)
+        self.self_attention_norm = layers.layer_norm(cfg.dtype)
+        self.self_attention_dropout = nn.Dropout(cfg.dropout_rate)
+        self.cross_attention = cfg.attention("cross_attention")
+        self.ffn = cfg.feed_forward("ffn")
+        self.cross_attention_block = cfg.sublayer("cross_attention_block")
+        self.ffn_block = cfg.sublayer("ffn_block")
+
+    def memory_kv(self, memory: Array) -> tuple[Array, Array]:
+        """Self-attention keys/values ``[B, Tm, H, d]`` of the memory states ``[B, Tm, D]``."""
+        if self.config.pre_ln:
+            memory = self.self_attention_norm(memory)
+        return self.self_attention.project_kv(memory)
+
+    def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
+        return self.cross_attention.project_kv(encoded)
+
+    def _self_block(self, y: Array, attend: Any) -> Array:
+        cfg = self.config
+        h = self.self_attention_norm(y) if cfg.pre_ln else y
+        out = y + self.self_attention_dropout(attend(h), deterministic=cfg.deterministic)
+        return out if cfg.pre_ln else self.self_attention_norm(out)
+
+    def _rest(self, y: Array, cross_kv: tuple[Array, Array], cross_mask: Array) -> Array:
+        def cross_block(h: Array) -> Array:
+            q = self.cross_attention.project_q(h)
+            return self.cross_attention.attend(q, cross_kv[0], cross_kv[1], cross_mask)
+
+        y = self.cross_attention_block(y, cross_block)
+        y = self.ffn_block(y, self.ffn)
+        return layers.constrain(y, ("batch", "length", "embed"))
+
+    def __call__(
+        self,
+        y: Array,
+        tgt_mask: Array,
+        memory: Array,
+        memory_mask: Array,
+        encoded: Array,
+        cross_mask: Array,
+    ) -> Array:
+        """Teacher-forced: ``y [B, T, D]`` with ``memory [B, Tm, D]`` (already stop-gradient)."""
+        T, Tm = y.shape[1], memory.shape[1]
+        mem_k, mem_v = self.memory_kv(memory)
+        n_mem = jnp.sum(memory_mask > 0, axis=-1)[:, None, None]
+        i = jnp.arange(T)[None, :, None]
+        j_mem, j_cur = jnp.arange(Tm)[None, None, :], jnp.arange(T)[None, None, :]
+        distances = jnp.concatenate(
+            [
+                jnp.broadcast_to(i + n_mem - j_mem, (y.shape[0], T, Tm)),
+                jnp.broadcast_to(i - j_cur, (y.shape[0], T, T)),
+            ],
+            axis=-1,
+        )
+        mask = jnp.concatenate(
+            [
+                jnp.broadcast_to(memory_mask[:, None, :] > 0, (y.shape[0], T, Tm)),
+                (j_cur <= i) & (tgt_mask[:, None, :] > 0),
+            ],
+            axis=-1,
+        )[:, None]
+
+        def attend(h: Array) -> Array:
+            k, v = self.self_attention.project_kv(h)
+            keys = jnp.concatenate([mem_k, k], axis=1)
+            values = jnp.concatenate([mem_v, v], axis=1)
+            q = self.self_attention.project_q(h)
+            return self.self_attention.attend(q, keys, values, mask, distances, T + Tm)
+
+        y = self._self_block(y, attend)
+        return self._rest(y, self.cross_kv(encoded), cross_mask)
+
+    def step(
+        self,
+        y: Array,
+        index: Array,
+        cache: Cache,
+        memory_kv: dict[str, Array],
+        memory_mask: Array,
+        cross_mask: Array,
+    ) -> tuple[Array, Cache]:
+        """One position ``y [B, 1, D]`` at ``index``; returns the output and updated cache."""
+        L, Tm = cache["key"].shape[1], memory_mask.shape[1]
+        n_mem = jnp.sum(memory_mask > 0, axis=-1)[:, None, None]
+        j_mem, j_cur = jnp.arange(Tm)[None, None, :], jnp.arange(L)[None, None, :]
+        batch = y.shape[0]
+        distances = jnp.concatenate(
+            [
+                jnp.broadcast_to(index + n_mem - j_mem, (batch, 1, Tm)),
+                jnp.broadcast_to(index - j_cur, (batch, 1, L)),
+            ],
+            axis=-1,
+        )
+        mask = jnp.concatenate(
+            [memory_mask[:, None, :] > 0, jnp.broadcast_to(j_cur <= index, (batch, 1, L))],
+            axis=-1,
+        )[:, None]
+        new_cache: Cache = {}
+
+        def attend(h: Array) -> Array:
+            k, v = self.self_attention.project_kv(h)
+            k = jax.lax.dynamic_update_slice_in_dim(cache["key"], k, index, axis=1)
+            v = jax.lax.dynamic_update_slice_in_dim(cache["value"], v, index, axis=1)
+            new_cache.update(cache, key=k, value=v)
+            keys = jnp.concatenate([memory_kv["key"], k], axis=1)
+            values = jnp.concatenate([memory_kv["value"], v], axis=1)
+            q = self.self_attention.project_q(h)
+            return self.self_attention.attend(q, keys, values, mask, distances, L + Tm)
+
+        y = self._self_block(y, attend)
+        y = self._rest(y, (cache["cross_key"], cache["cross_value"]), cross_mask)
+        return y, new_cache
+
+
+def empty_memory(config: FinalConfig, batch: int, length: int) -> Memory:
+    """The (fully masked) memory of a chunk's first sentence."""
+    memory: Memory = {"mask": jnp.zeros((batch, length), jnp.int32)}
+    if config.xl_decoder:
+        for i in range(config.num_decoder_layers):
+            memory[f"layer_{i}"] = jnp.zeros((batch, length, config.d_model), config.dtype)
+    return memory
+
+
+def _memory(states: list[Array], mask: Array) -> Memory:
+    """A memory from the decoder layer inputs ``s^0..s^{N-1}`` of a sentence (stop-gradient)."""
+    memory: Memory = {"mask": mask.astype(jnp.int32)}
+    memory.update({f"layer_{i}": jax.lax.stop_gradient(s) for i, s in enumerate(states)})
+    return memory
+
+
+class Final(nn.Module):
+    """Document model: ``src [B, S, T]`` -> logits ``[B, S, T, V]`` (see the module docstring)."""
+
+    config: FinalConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.embed = layers.SharedEmbedding(cfg.vocab_size, cfg.d_model, cfg.dtype, cfg.param_dtype)
+        if cfg.segment_embedding:
+            self.segment_table = self.param(
+                "segment_embedding",
+                layers.partitioned(
+                    nn.initializers.normal(stddev=cfg.d_model**-0.5), ("segments", "embed")
+                ),
+                (cfg.max_segments, cfg.d_model),
+                cfg.param_dtype,
+            )
+        num_local = cfg.num_encoder_layers - int(cfg.segment_relative_attention)
+        self.encoder_layers = [transformer.EncoderLayer(cfg) for _ in range(num_local)]
+        if cfg.segment_relative_attention:
+            self.global_layer = GlobalContextLayer(cfg)
+        if cfg.xl_decoder:
+            self.decoder_layers = [XLDecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
+        else:
+            self.decoder_layers = [
+                transformer.DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)
+            ]
+        self.input_dropout = nn.Dropout(cfg.dropout_rate)
+        if cfg.pre_ln:
+            self.encoder_norm = layers.layer_norm(cfg.dtype)
+            self.decoder_norm = layers.layer_norm(cfg.dtype)
+
+    # ----------------------------------------------------------------------------- encoder
+
+    def _embed_source(self, src: Array, src_mask: Array) -> Array:
+        cfg = self.config
+        S, T = src.shape[-2:]
+        if cfg.reset_word_positions:
+            positions = jnp.broadcast_to(jnp.arange(T), src.shape)
+        else:  # positions continue across the chunk (the sentences' real lengths)
+            lengths = jnp.sum(src_mask > 0, axis=-1)
+            offsets = jnp.cumsum(lengths, axis=-1) - lengths
+            positions = offsets[..., None] + jnp.arange(T)
+        x = self.embed(src) + layers.sinusoidal_encoding(positions, cfg.d_model, cfg.dtype)
+        if cfg.segment_embedding:
+            if S > cfg.max_segments:
+                raise ValueError(f"{S} sentences per chunk > max_segments={cfg.max_segments}")
+            x = x + jnp.asarray(self.segment_table[:S], cfg.dtype)[:, None, :]
+        return self.input_dropout(x, deterministic=cfg.deterministic)
+
+    def _encode(self, src: Array, src_mask: Array) -> tuple[Array, Array | None]:
+        cfg = self.config
+        B, S, T = src.shape
+        x = self._embed_source(src, src_mask)
+        rows = (B, S * T) if cfg.doc2sent else (B * S, T)
+        x = x.reshape(rows + (cfg.d_model,))
+        row_mask = src_mask.reshape(rows)
+        mask = layers.padding_mask(row_mask, row_mask)
+        for layer in self.encoder_layers:
+            x = layer(x, mask)
+        h = x.reshape(B, S, T, cfg.d_model)
+        weights = None
+        if cfg.segment_relative_attention:
+            h_global, weights = self.global_layer(h, src_mask)
+            num_sentences = jnp.sum(jnp.any(src_mask > 0, axis=-1), axis=-1)
+            h = jnp.where((num_sentences > 1)[:, None, None, None], h_global, h)
+        if cfg.pre_ln:
+            h = self.encoder_norm(h)
+        return h, weights
+
+    def encode(self, src: Array, src_mask: Array) -> Array:
+        """``src [B, S, T]`` ids and mask -> fused source encodings ``h [B, S, T, D]``."""
+        return self._encode(src, src_mask)[0]
+
+    def sentence_attention(self, src: Array, src_mask: Array) -> Array:
+        """Fig. 4: ``alpha^kappa_k = 1/|x_k| sum_i sum_j alpha^{kappa,j}_{k,i}`` averaged over
+        heads, ``[B, S, S]``; rows of real sentences sum to 1, padding sentences give 0."""
+        if not self.config.segment_relative_attention:
+            raise ValueError("sentence_attention needs segment_relative_attention=True")
+        B, S, T = src.shape
+        weights = self._encode(src, src_mask)[1]
+        per_sentence = weights.mean(axis=1).reshape(B, S, T, S, T).sum(-1)  # [B, S, T, S]
+        m = (src_mask > 0).astype(jnp.float32)
+        total = jnp.einsum("bstc,bst->bsc", per_sentence, m)
+        return total / jnp.maximum(m.sum(-1), 1.0)[..., None]
+
+    # ----------------------------------------------------------------------------- decoder
+
+    def _output(self, y: Array) -> Array:
+        if self.config.pre_ln:
+            y = self.decoder_norm(y)
+        return self.embed.attend(y).astype(jnp.float32)
+
+    def _embed_target(self, tgt_in: Array) -> Array:
+        cfg = self.config
+        y = self.embed(tgt_in)
+        if not cfg.xl_decoder:  # XL uses relative positions only (Dai et al. 2019)
+            positions = jnp.broadcast_to(jnp.arange(tgt_in.shape[-1]), tgt_in.shape)
+            y = y + layers.sinusoidal_encoding(positions, cfg.d_model, cfg.dtype)
+        return self.input_dropout(y, deterministic=cfg.deterministic)
+
+    def _decode_rows(
+        self,
+        encoded: Array,
+        src_mask: Array,
+        tgt_in: Array,
+        tgt_mask: Array,
+        memory_fn: Any,
+        num_layers: int,
+    ) -> tuple[Array, list[Array]]:
+        """Decoder over rows ``[R, T]``; ``memory_fn(layer, states)`` gives the memory of layer
+        ``layer`` (``states`` = its input). Returns the last output and every layer's input."""
+        y = self._embed_target(tgt_in)
+        cross_mask = layers.padding_mask(tgt_mask, src_mask)
+        inputs = []
+        for i, layer in enumerate(self.decoder_layers[:num_layers]):
+            inputs.append(y)
+            if self.config.xl_decoder:
+                memory, memory_mask = memory_fn(i, y)
+                y = layer(y, tgt_mask, memory, memory_mask, encoded, cross_mask)
+            else:
+                self_mask = layers.causal_mask(tgt_in.shape[-1]) & layers.padding_mask(
+                    tgt_mask, tgt_mask
+                )
+                y, _ = layer(y, self_mask, encoded, cross_mask)
+        return y, inputs
+
+    def decode(self, encoded: Array, src_mask: Array, tgt_in: Array, tgt_mask: Array) -> Array:
+        """Teacher-forced, all sentences in parallel: ``tgt_in [B, S, T]`` (shifted right) ->
+        logits ``[B, S, T, V]``. The memory of sentence ``k`` in layer ``l`` is
+        ``SG(s^{l-1}_{k-1})``, the previous sentence's layer input (none for ``k = 0``)."""
+        cfg = self.config
+        B, S, T = tgt_in.shape
+        Ts = src_mask.shape[-1]
+
+        def shift(x: Array) -> Array:  # sentence k gets row k-1 of ``x [B, S, ...]``
+            return jnp.pad(x[:, :-1], [(0, 0), (1, 0)] + [(0, 0)] * (x.ndim - 2))
+
+        memory_mask = shift(tgt_mask).reshape(B * S, T)
+
+        def memory_fn(_: int, states: Array) -> tuple[Array, Array]:
+            memory = shift(jax.lax.stop_gradient(states).reshape(B, S, T, cfg.d_model))
+            return memory.reshape(B * S, T, cfg.d_model), memory_mask
+
+        y, _ = self._decode_rows(
+            encoded.reshape(B * S, Ts, cfg.d_model),
+            src_mask.reshape(B * S, Ts),
+            tgt_in.reshape(B * S, T),
+            tgt_mask.reshape(B * S, T),
+            memory_fn,
+            cfg.num_decoder_layers,
+        )
+        return self._output(y).reshape(B, S, T, -1)
+
+    def __call__(self, src: Array, src_mask: Array, tgt: Array, tgt_mask: Array) -> Array:
+        """Logits ``[B, S, T, V]`` for targets ``tgt [B, S, T]`` (not shifted; EOS-terminated)."""
+        encoded = self.encode(src, src_mask)
+        return self.decode(encoded, src_mask, layers.shift_right(tgt, BOS_ID), tgt_mask)
+
+    def decode_sentence(
+        self, encoded: Array, src_mask: Array, tgt: Array, tgt_mask: Array, memory: Memory
+    ) -> tuple[Array, Memory]:
+        """One sentence per row, teacher-forced on ``tgt [B, T]`` (not shifted) with the previous
+        sentence's ``memory``: (logits ``[B, T, V]``, this sentence's memory for the next)."""
+        y, inputs = self._decode_rows(
+            encoded,
+            src_mask,
+            layers.shift_right(tgt, BOS_ID),
+            tgt_mask,
+            lambda i, _: (memory[f"layer_{i}"], memory["mask"]),
+            self.config.num_decoder_layers,
+        )
+        states = inputs if self.config.xl_decoder else []
+        return self._output(y), _memory(states, tgt_mask)
+
+    def sentence_memory(
+        self, encoded: Array, src_mask: Array, tgt: Array, tgt_mask: Array, memory: Memory
+    ) -> Memory:
+        """The memory (decoder layer inputs ``s^0..s^{N-1}``) of target sentence ``tgt [B, T]``
+        (e.g. the chosen hypothesis), computed teacher-forced with its own ``memory``."""
+        cfg = self.config
+        if not cfg.xl_decoder:
+            return _memory([], tgt_mask)
+        # The last layer's output is not part of the memory: N-1 layers give s^0..s^{N-1}.
+        last, inputs = self._decode_rows(
+            encoded,
+            src_mask,
+            layers.shift_right(tgt, BOS_ID),
+            tgt_mask,
+            lambda i, _: (memory[f"layer_{i}"], memory["mask"]),
+            cfg.num_decoder_layers - 1,
+        )
+        return _memory(inputs + [last], tgt_mask)
+
+    def init_cache(self, encoded: Array, max_len: int) -> Cache:
+        """Empty cache for ``max_len`` positions of one sentence, cross keys/values filled."""
+        cfg = self.config
+        heads, head_dim = cfg.num_heads, cfg.d_model // cfg.num_heads
+        zeros = jnp.zeros((encoded.shape[0], max_len, heads, head_dim), cfg.dtype)
+        cache: Cache = {"index": jnp.zeros((), jnp.int32)}
+        for i, layer in enumerate(self.decoder_layers):
+            k, v = layer.cross_kv(encoded)
+            cache[f"layer_{i}"] = {"key": zeros, "value": zeros, "cross_key": k, "cross_value": v}
+        return cache
+
+    def decode_extra(self, src_mask: Array, memory: Memory) -> dict[str, Any]:
+        """Per-example inputs of :meth:`decode_step` (the ``extra`` of ``beam_search``): the
+        source mask and the previous sentence's memory projected to keys/values once."""
+        extra: dict[str, Any] = {"src_mask": src_mask, "memory_mask": memory["mask"]}
+        if self.config.xl_decoder:
+            for i, layer in enumerate(self.decoder_layers):
+                k, v = layer.memory_kv(memory[f"layer_{i}"])
+                extra[f"layer_{i}"] = {"key": k, "value": v}
+        return extra
+
+    def decode_step(self, cache: Cache, token: Array, extra: dict[str, Any]) -> tuple[Array, Cache]:
+        """One step: ``token [B]`` at ``cache['index']`` -> (logits ``[B, V]``, new cache)."""
+        cfg = self.config
+        index = cache["index"]
+        max_len = cache["layer_0"]["key"].shape[1]
+        y = self.embed(token[:, None])
+        if not cfg.xl_decoder:
+            positions = jnp.full(token.shape + (1,), index)
+            y = y + layers.sinusoidal_encoding(positions, cfg.d_model, cfg.dtype)
+        y = self.input_dropout(y, deterministic=cfg.deterministic)
+        cross_mask = (extra["src_mask"] > 0)[:, None, None, :]
+        new_cache: Cache = {"index": index + 1}
+        for i, layer in enumerate(self.decoder_layers):
+            name = f"layer_{i}"
+            if cfg.xl_decoder:
+                y, new_cache[name] = layer.step(
+                    y, index, cache[name], extra[name], extra["memory_mask"], cross_mask
+                )
+            else:
+                self_mask = (jnp.arange(max_len) <= index)[None, None, None, :]
+                y, new_cache[name] = layer(
+                    y, self_mask, None, cross_mask, cache=cache[name], index=index
+                )
+        return self._output(y)[:, 0], new_cache
+
+
+class FinalTask:
+    """Adapter between the training loop / translator and :class:`Final` (document batches)."""
+
+    sentence_level = False  # batches hold chunks of up to S sentences per row
+
+    def __init__(self, config: FinalConfig):
+        self.config = config
+        self.train_module = Final(dataclasses.replace(config, deterministic=False))
+        self.eval_module = Final(dataclasses.replace(config, deterministic=True))
+
+    def init(self, rng: Array, batch: dict[str, Array]) -> Any:
+        return self.eval_module.init(
+            rng, batch["src"], batch["src_mask"], batch["tgt"], batch["tgt_mask"]
+        )
+
+    def logits(
+        self, params: Any, batch: dict[str, Array], dropout_rng: Array | None, train: bool
+    ) -> tuple[Array, Array, Array]:
+        """(logits ``[B*S, T, V]``, targets ``[B*S, T]``, target mask ``[B*S, T]``)."""
+        module = self.train_module if train else self.eval_module
+        rngs = {"dropout": dropout_rng} if train else {}
+        logits = module.apply(
+            {"params": params},
+            batch["src"],
+            batch["src_mask"],
+            batch["tgt"],
+            batch["tgt_mask"],
+            rngs=rngs,
+        )
+        T = batch["tgt"].shape[-1]
+        return (
+            logits.reshape((-1, T, logits.shape[-1])),
+            batch["tgt"].reshape((-1, T)),
+            batch["tgt_mask"].reshape((-1, T)),
+        )
+
+    def sentence_attention(self, params: Any, batch: dict[str, Array]) -> Array:
+        """Sentence-to-sentence attention of the global layer, ``[B, S, S]`` (Fig. 4)."""
+        module = self.eval_module
+        return module.apply(
+            {"params": params}, batch["src"], batch["src_mask"], method=module.sentence_attention
+        )
+
+    def translate_batch(self, params: Any, batch: dict[str, Array], search: Any) -> Array:
+        """Beam search of every sentence of the chunks: ids ``[B, S, L]`` (EOS, then PAD).
+
+        The source chunk is encoded once. With the XL decoder the sentences are translated in
+        order (``lax.scan`` over ``S``): the memory of sentence ``k`` is computed teacher-forced
+        over the translation chosen for ``k-1`` (never the reference). Without it every
+        sentence is searched in parallel. Padding sentences give PAD rows.
+        """
+        cfg = self.config
+        module = self.eval_module
+        variables = {"params": params}
+        src, src_mask = batch["src"], batch["src_mask"]
+        B, S, T = src.shape
+        max_len = search.output_len(T)
+        encoded = module.apply(variables, src, src_mask, method=module.encode)
+        limits = source_length_limits(
+            src_mask.reshape(B * S, T), search.len_a, search.len_b, max_len
+        ).reshape(B, S)
+
+        def step_fn(cache: Cache, tokens: Array, extra: dict[str, Any]) -> tuple[Array, Cache]:
+            return module.apply(variables, cache, tokens, extra, method=module.decode_step)
+
+        search_fn = functools.partial(
+            beam_search, step_fn, beam_size=search.beam_size, alpha=search.alpha, max_len=max_len
+        )
+
+        def translate(encoded_k: Array, mask_k: Array, limits_k: Array, memory: Memory) -> Any:
+            cache = module.apply(variables, encoded_k, max_len, method=module.init_cache)
+            extra = module.apply(variables, mask_k, memory, method=module.decode_extra)
+            return search_fn(cache, extra, max_lengths=limits_k)
+
+        if not cfg.xl_decoder:
+            rows = B * S
+            memory = empty_memory(cfg, rows, 1)
+            result = translate(
+                encoded.reshape(rows, T, -1), src_mask.reshape(rows, T), limits.reshape(-1), memory
+            )
+            ids = result.sequences[:, 0].reshape(B, S, max_len)
+        else:
+
+            def body(memory: Memory, xs: tuple[Array, Array, Array]) -> tuple[Memory, Array]:
+                encoded_k, mask_k, limits_k = xs
+                result = translate(encoded_k, mask_k, limits_k, memory)
+                best = result.sequences[:, 0]
+                best_mask = (jnp.arange(max_len)[None] < result.lengths[:, :1]).astype(jnp.int32)
+                memory = module.apply(
+                    variables,
+                    encoded_k,
+                    mask_k,
+                    best,
+                    best_mask,
+                    memory,
+                    method=module.sentence_memory,
+                )
+                return memory, best
+
+            xs = (encoded.swapaxes(0, 1), src_mask.swapaxes(0, 1), limits.swapaxes(0, 1))
+            _, ids = jax.lax.scan(body, empty_memory(cfg, B, max_len), xs)
+            ids = ids.swapaxes(0, 1)
+        real = jnp.any(src_mask > 0, axis=-1)[..., None]
+        return jnp.where(real, ids, PAD_ID)
