@@ -173,6 +173,7 @@ def print_peak(result: dict[str, Any]) -> None:
 
 
 SIZES = {
+    "tiny": {"d_model": 32, "num_heads": 2, "ffn_dim": 64, "layers": 1},  # for tests
     "ted": {"d_model": 256, "num_heads": 4, "ffn_dim": 512, "layers": 4},
     "base": {"d_model": 512, "num_heads": 8, "ffn_dim": 2048, "layers": 6},
 }
