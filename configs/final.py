@@ -5,23 +5,13 @@ cut into chunks of up to 20 sentences; the encoder sees the whole chunk, the dec
 sentence by sentence with the previous target sentence as Transformer-XL memory.
 """
 
-import importlib.util
-import os
-
 import ml_collections
 
-
-def transformer_config() -> ml_collections.ConfigDict:
-    """The sentence Transformer's config (configs/transformer.py), the base of every row."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "transformer.py")
-    spec = importlib.util.spec_from_file_location("configs_transformer", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+from docnmt_jax.config_files import sibling_config
 
 
 def get_config() -> ml_collections.ConfigDict:
-    config = transformer_config()
+    config = sibling_config(__file__, "transformer.py")
     config.model.name = "final"  # docnmt_jax/models/final.py
     config.model.reset_word_positions = True  # word positions restart in every sentence
     config.model.segment_embedding = True  # learned embedding of the sentence index k

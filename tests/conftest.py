@@ -22,10 +22,9 @@ def synthetic_dir(tmp_path_factory):
 
 def tiny_config(data_dir: str, **train_overrides):
     """The transformer config shrunk to seconds-per-run size, reading ``data_dir``."""
-    sys.path.insert(0, os.path.join(ROOT, "configs"))
-    from configs import transformer
+    from docnmt_jax.config_files import load_config
 
-    config = transformer.get_config()
+    config = load_config(os.path.join(ROOT, "configs", "transformer.py"))
     config.data.data_dir = data_dir
     config.data.vocab_size = 300
     config.data.batch_src_tokens = 256

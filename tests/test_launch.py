@@ -1,18 +1,12 @@
 """Command-line entry points: help text covers every config key; configs load."""
 
-import importlib.util
 import os
 import subprocess
 import sys
 
 from conftest import ROOT
 
-
-def _load(path):
-    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from docnmt_jax.config_files import load_config
 
 
 def _keys(config, prefix=""):
@@ -24,7 +18,7 @@ def _keys(config, prefix=""):
 
 
 def test_helpfull_explains_every_config_key():
-    config = _load(os.path.join(ROOT, "configs", "transformer.py")).get_config()
+    config = load_config(os.path.join(ROOT, "configs", "transformer.py"))
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "launch", "train.py"), "--helpfull"],
         capture_output=True,

@@ -156,10 +156,10 @@ def read_module_verses(
     conf, data_dir = find_module(module_name, sword_path)
     driver = conf.get("moddrv", "").lower()
     if driver not in _RECORD_FORMATS:
-        raise NotImplementedError(f"{module_name}: module driver {driver!r} is not supported")
+        raise ValueError(f"{module_name}: module driver {driver!r} is not supported")
     compress = conf.get("compresstype", "ZIP").upper()
     if compress not in _DECOMPRESS or conf.get("cipherkey"):
-        raise NotImplementedError(f"{module_name}: compression {compress!r} or cipher unsupported")
+        raise ValueError(f"{module_name}: compression {compress!r} or cipher unsupported")
     letter = {"BOOK": "b", "CHAPTER": "c", "VERSE": "v"}[conf.get("blocktype", "BOOK").upper()]
     encoding = "utf-8" if conf.get("encoding", "").upper() == "UTF-8" else "cp1252"
     record = struct.Struct(_RECORD_FORMATS[driver])

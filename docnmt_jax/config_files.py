@@ -1,0 +1,29 @@
+"""Loading ml_collections config files by path, so one config can derive from another.
+
+``configs/final.py`` builds on ``configs/transformer.py`` and each Table 3 row builds on
+``configs/final.py``; config files are loaded by path (absl's ``config_flags``), not imported as
+a package, hence this helper.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import ml_collections
+
+
+def load_config(path: str) -> ml_collections.ConfigDict:
+    """``get_config()`` of the config file at ``path``."""
+    name = "config_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise FileNotFoundError(f"{path}: not a config file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def sibling_config(config_file: str, name: str) -> ml_collections.ConfigDict:
+    """``get_config()`` of ``name`` (e.g. ``"final.py"``) in the directory of ``config_file``."""
+    return load_config(os.path.join(os.path.dirname(os.path.abspath(config_file)), name))
