@@ -8,13 +8,17 @@ import pytest
 from conftest import ROOT
 
 from docnmt_jax.models import build_task
+from docnmt_jax.models.concat import Doc2DocTask
 from docnmt_jax.models.final import TABLE3_SWITCHES, FinalTask
+from docnmt_jax.models.transformer import SentenceTransformerTask
 
 CONFIG_FILES = sorted(
     p for p in glob.glob(os.path.join(ROOT, "configs", "*.py")) if "__init__" not in p
 )
 # Config files without a TABLE3_ROW attribute: the row they are (None: not a FINAL model).
-ROWS_BY_NAME = {"final.py": "final", "transformer.py": None}
+ROWS_BY_NAME = {"final.py": "final", "transformer.py": None, "doc2doc.py": None}
+# Models other than FINAL: (task class, data.sentence_level) by config.model.name.
+OTHER_MODELS = {"transformer": (SentenceTransformerTask, True), "doc2doc": (Doc2DocTask, False)}
 
 
 def _load(path):
@@ -39,8 +43,9 @@ def test_config_loads_builds_and_has_its_row_switches(path):
     row = getattr(module, "TABLE3_ROW", ROWS_BY_NAME.get(os.path.basename(path), "unknown"))
     assert row != "unknown", f"{path}: set TABLE3_ROW or list it in ROWS_BY_NAME"
     if row is None:
-        assert config.model.name == "transformer"
-        assert config.data.sentence_level
+        task_class, sentence_level = OTHER_MODELS[config.model.name]
+        assert isinstance(task, task_class)
+        assert config.data.sentence_level == sentence_level == task.sentence_level
         return
     assert isinstance(task, FinalTask)
     assert not config.data.sentence_level

@@ -15,8 +15,10 @@ Recommended pattern (``params`` closed over inside one jitted function)::
 Scoring: a hypothesis of ``len`` generated tokens (EOS included) and log-probability ``lp``
 (sum of the model's ``log_softmax`` in float32) scores ``lp / ((5 + len) / 6) ** alpha``, the
 length penalty of Wu et al. (2016), "Google's Neural Machine Translation System", eq. 14.
-PAD and BOS are never generated; at an example's length limit only EOS is allowed (with its
-model log-probability, not renormalised), so every hypothesis ends with EOS.
+PAD is never generated, nor BOS unless ``allow_bos=True`` (models that use BOS as a separator
+inside the output, e.g. the doc2doc baseline of ``models/concat.py``); at an example's length
+limit only EOS is allowed (with its model log-probability, not renormalised), so every
+hypothesis ends with EOS.
 
 Each step keeps the best ``2 * beam`` candidates by raw log-probability (flax
 ``examples/wmt``): the best ``beam`` that do not end in EOS stay live (raw log-probability);
@@ -134,6 +136,7 @@ def beam_search(
     bos_id: int = BOS_ID,
     pad_id: int = PAD_ID,
     early_stopping: bool = True,
+    allow_bos: bool = False,
 ) -> BeamResult:
     """Beam search for a batch of ``B`` examples; pure and jit-able (see the module docstring).
 
@@ -151,6 +154,7 @@ def beam_search(
         forced when a hypothesis reaches its limit.
       early_stopping: stop once no live beam can improve any example's finished pool (never
         changes the result; False runs until every beam has ended).
+      allow_bos: let ``bos_id`` be generated like any other token (default: never).
 
     Returns:
       :class:`BeamResult`; every example has at least one hypothesis.
@@ -206,7 +210,8 @@ def beam_search(
         V = log_probs.shape[-1]
         vocab = jnp.arange(V)
         forced = (t + 1 >= limits)[:, None, None]  # [B, 1, 1]: only EOS may follow
-        allowed = jnp.where(forced, vocab == eos_id, (vocab != pad_id) & (vocab != bos_id))
+        free = (vocab != pad_id) & ((vocab != bos_id) | allow_bos)
+        allowed = jnp.where(forced, vocab == eos_id, free)
         log_probs = jnp.where(allowed, log_probs.reshape(batch, K, V), NEG_INF)
 
         cand_lp = (s.live_log_probs[:, :, None] + log_probs).reshape(batch, K * V)
@@ -276,12 +281,14 @@ def greedy_search(
     bos_id: int = BOS_ID,
     pad_id: int = PAD_ID,
     early_stopping: bool = True,
+    allow_bos: bool = False,
 ) -> BeamResult:
     """:func:`beam_search` with ``beam_size=1`` (identical results by construction).
 
     With ``alpha=0`` (the default) this is argmax decoding: the most probable non-PAD/BOS
-    token each step until EOS (forced at the limit). With ``alpha > 0`` the single live beam
-    may continue past an argmax EOS when a longer hypothesis can score better.
+    token (BOS allowed with ``allow_bos``) each step until EOS (forced at the limit). With
+    ``alpha > 0`` the single live beam may continue past an argmax EOS when a longer
+    hypothesis can score better.
     """
     return beam_search(
         step_fn,
@@ -295,4 +302,5 @@ def greedy_search(
         bos_id=bos_id,
         pad_id=pad_id,
         early_stopping=early_stopping,
+        allow_bos=allow_bos,
     )

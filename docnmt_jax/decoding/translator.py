@@ -5,6 +5,11 @@ jit-able function from a pipeline batch ``[B, S, T]`` to token ids ``[B, S, L]``
 feeds it fixed-shape batches from the document pipeline (so it compiles once per shape), puts
 the detokenised sentences back in input order, and streams long inputs block by block so
 memory does not grow with the input.
+
+``translate_batch`` may also return ``(ids, aux)`` with ``aux`` a dict of per-chunk arrays
+``[B]``. Known keys: ``"sentence_counts"``, the number of sentences the model produced for each
+chunk (models that translate a chunk as one sequence, e.g. ``models/concat.py``); the
+translator counts the chunks where it differs from the source's (:class:`TranslationStats`).
 """
 
 from __future__ import annotations
@@ -50,14 +55,20 @@ class SearchConfig:
 
 @dataclasses.dataclass
 class TranslationStats:
-    """Counters of a translation run (sentences, tokens, batches, compilations, seconds)."""
+    """Counters of a translation run (sentences, tokens, chunks, batches, compilations, seconds).
+
+    ``sentence_count_mismatches``: chunks whose translation has a different number of sentences
+    than the source (``None`` unless the task reports ``aux["sentence_counts"]``).
+    """
 
     documents: int = 0
     sentences: int = 0
     output_tokens: int = 0
+    chunks: int = 0
     batches: int = 0
     seconds: float = 0.0
     shapes: set[tuple[int, ...]] = dataclasses.field(default_factory=set)
+    sentence_count_mismatches: int | None = None
 
     @property
     def compilations(self) -> int:
@@ -65,11 +76,18 @@ class TranslationStats:
 
     def summary(self) -> str:
         secs = max(self.seconds, 1e-9)
-        return (
+        text = (
             f"{self.documents} documents, {self.sentences} sentences in {self.seconds:.1f} s: "
             f"{self.sentences / secs:.1f} sentences/s, {self.output_tokens / secs:.0f} "
             f"tokens/s; {self.batches} batches, {self.compilations} compilations"
         )
+        if self.sentence_count_mismatches is not None:
+            rate = 100.0 * self.sentence_count_mismatches / max(self.chunks, 1)
+            text += (
+                f"; sentence count differs from the source in {self.sentence_count_mismatches}"
+                f"/{self.chunks} chunks ({rate:.1f}%)"
+            )
+        return text
 
 
 class Translator:
@@ -112,11 +130,23 @@ class Translator:
         plan = pipeline_lib.plan_batches(sources, self.tokenizer.encode_batch, self.pipeline_config)
         for batch in pipeline_lib.numpy_batches(plan):
             self.stats.shapes.add(tuple(batch["src"].shape))
-            ids = np.asarray(jax.device_get(self._translate_batch(self.params, batch)))
+            output = self._translate_batch(self.params, batch)
+            ids, aux = output if isinstance(output, tuple) else (output, {})
+            ids = np.asarray(jax.device_get(ids))
+            counts = aux.get("sentence_counts")
+            if counts is not None:
+                counts = np.asarray(jax.device_get(counts))
+                real_rows = batch["doc_index"] >= 0
+                real_counts = np.sum(batch["sentence_mask"] > 0, axis=-1)
+                mismatches = int(np.sum(real_rows & (counts != real_counts)))
+                self.stats.sentence_count_mismatches = (
+                    self.stats.sentence_count_mismatches or 0
+                ) + mismatches
             self.stats.batches += 1
             for row, doc in enumerate(batch["doc_index"]):
                 if doc < 0:
                     continue
+                self.stats.chunks += 1
                 offset = int(batch["sentence_offset"][row])
                 for k in np.flatnonzero(batch["sentence_mask"][row]):
                     tokens = ids[row, k]

@@ -2,7 +2,9 @@
 
 A *task* adapts a model to the training loop: ``init(rng, batch)`` returns initial variables
 (parameters boxed with their logical axis names) and ``logits(params, batch, dropout_rng,
-train)`` returns ``(logits, targets, target_mask)`` for the loss.
+train)`` returns ``(logits, targets, target_mask)`` for the loss. Models: ``transformer``
+(sentence Transformer), ``final`` (FINAL and the Table 3 rows), ``doc2doc`` (concatenation
+baseline, ``concat.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from docnmt_jax.models import final, transformer
+from docnmt_jax.models import concat, final, transformer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -45,4 +47,9 @@ def build_task(model_config: Mapping[str, Any], vocab_size: int) -> Any:
         return transformer.SentenceTransformerTask(cfg)
     if name == "final":
         return final.FinalTask(dataclass_from_mapping(final.FinalConfig, values, "config.model"))
-    raise ValueError(f"config.model.name: unknown model {name!r}; known: ['final', 'transformer']")
+    if name == "doc2doc":
+        cfg = dataclass_from_mapping(concat.Doc2DocConfig, values, "config.model")
+        return concat.Doc2DocTask(cfg)
+    raise ValueError(
+        f"config.model.name: unknown model {name!r}; known: ['doc2doc', 'final', 'transformer']"
+    )

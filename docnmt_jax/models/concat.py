@@ -1,0 +1,239 @@
+"""Doc2Doc: the concatenation baseline of Zheng et al. (2020), Sec. 5 and Table 3.
+
+"Whole chunk in, whole chunk out": the sentence Transformer (:mod:`.transformer`, unchanged and
+with the same parameters) reads the chunk's source sentences as one sequence and writes the
+chunk's target sentences as one sequence.
+
+* Source: the real tokens of ``src [B, S, T]`` (each sentence EOS-terminated) moved to the
+  front of a ``[B, S*T]`` row, padding after (:func:`pack_tokens`); positions continue across
+  the chunk (the Transformer numbers its input ``0 .. S*T-1``).
+* Target: the target sentences packed the same way, the EOS of every sentence but the chunk's
+  last replaced by the separator :data:`SEP_ID` (= BOS, which never occurs inside a target;
+  the decoder's start token is also BOS) (:func:`pack_target`). The loss is over the packed
+  target rows, separators and the final EOS included.
+* Translation: beam search over the whole packed chunk (BOS allowed, it is the separator),
+  then the best hypothesis is cut at separators into one row per source sentence
+  (:func:`split_sentences`), so :class:`~docnmt_jax.decoding.translator.Translator` works
+  unchanged. Nothing is dropped: sentences beyond the source's count are appended to its last
+  sentence (their separators removed), missing sentences are empty (EOS only); the predicted
+  sentence count is returned for the translator's mismatch statistics.
+
+Decisions beyond the paper: a chunk's output budget is the sum of the budgets its sentences
+would get one by one (:func:`chunk_output_limits`), separators included; real sentences are
+the rows of ``src_mask`` with a token, the k-th output sentence goes to the k-th of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from docnmt_jax.decoding.beam_search import beam_search, source_length_limits
+from docnmt_jax.models.transformer import Cache, Transformer, TransformerConfig
+
+Array = jax.Array
+
+SEP_ID = BOS_ID  # sentence separator inside a packed target
+
+
+@dataclasses.dataclass(frozen=True)
+class Doc2DocConfig(TransformerConfig):
+    """The sentence Transformer's hyper-parameters plus ``max_len``: the longest packed
+    sequence (source ``S*T`` slots, or decoded tokens) accepted. Positions are sinusoidal and
+    computed on the fly, so this is a guard against silently running far beyond the lengths
+    seen in training, not a table size."""
+
+    max_len: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.max_len < 1:
+            raise ValueError(f"max_len must be >= 1: {self.max_len}")
+
+
+def pack_tokens(ids: Array, mask: Array) -> tuple[Array, Array]:
+    """``ids, mask [B, S, T]`` -> (``packed [B, S*T]``, ``packed_mask [B, S*T]``).
+
+    The tokens where ``mask > 0`` keep their order and move to the front of their row (a
+    scatter to ``cumsum(mask) - 1``); the rest of the row is PAD with mask 0.
+    """
+    B, S, T = ids.shape
+    flat = ids.reshape(B, S * T)
+    real = mask.reshape(B, S * T) > 0
+    dest = jnp.where(real, jnp.cumsum(real, axis=1) - 1, S * T)  # S*T: out of range, dropped
+    rows = jnp.arange(B)[:, None]
+    packed = jnp.full_like(flat, PAD_ID).at[rows, dest].set(flat, mode="drop")
+    length = jnp.sum(real, axis=1, keepdims=True)
+    packed_mask = (jnp.arange(S * T)[None] < length).astype(mask.dtype)
+    return packed, packed_mask
+
+
+def mark_separators(tgt: Array, tgt_mask: Array, separator: int = SEP_ID) -> Array:
+    """``tgt [B, S, T]`` with the last token (EOS) of every real sentence except the chunk's
+    last real one replaced by ``separator``."""
+    S, T = tgt.shape[-2:]
+    lengths = jnp.sum(tgt_mask > 0, axis=-1)  # [B, S]
+    index = jnp.arange(S)
+    last_real = jnp.max(jnp.where(lengths > 0, index, -1), axis=-1, keepdims=True)
+    boundary = (lengths > 0) & (index < last_real)  # [B, S]: sentences followed by another
+    at_end = jnp.arange(T) == (lengths - 1)[..., None]
+    return jnp.where(boundary[..., None] & at_end, separator, tgt)
+
+
+def pack_target(tgt: Array, tgt_mask: Array) -> tuple[Array, Array]:
+    """The chunk's target sentences as one sequence ``[B, S*T]``: separators between sentences,
+    EOS at the end, PAD after (and its mask)."""
+    return pack_tokens(mark_separators(tgt, tgt_mask), tgt_mask)
+
+
+def split_sentences(
+    seq: Array, real: Array, separator: int = SEP_ID, eos: int = EOS_ID
+) -> tuple[Array, Array]:
+    """Cuts packed hypotheses ``seq [B, L]`` at separators into rows ``[B, S, L]``.
+
+    ``real [B, S]`` marks the source's real sentences (``n`` per chunk). The output sentence
+    ``k`` (tokens up to the first EOS) goes to the ``k``-th real row, its separator becoming
+    its EOS. Sentences beyond the ``n``-th are appended to the ``n``-th (their separators
+    removed, their tokens kept, the final EOS last); real rows without an output sentence are
+    ``[EOS]``; other rows are PAD. Returns (ids ``[B, S, L]``, predicted sentence count
+    ``[B]``: separators + 1, 0 for chunks without a real sentence).
+    """
+    B, L = seq.shape
+    S = real.shape[-1]
+    real = real > 0
+    n = jnp.sum(real, axis=-1)  # [B]
+    last = jnp.maximum(n - 1, 0)[:, None]
+    is_eos = seq == eos
+    valid = (jnp.cumsum(is_eos, axis=1) - is_eos) == 0  # up to and including the first EOS
+    is_sep = (seq == separator) & valid
+    seps_before = jnp.cumsum(is_sep, axis=1) - is_sep
+    counts = jnp.where(n > 0, jnp.sum(is_sep, axis=1) + 1, 0).astype(jnp.int32)
+
+    row = jnp.minimum(seps_before, last)  # [B, L]: output rank of each token
+    keep = valid & ~(is_sep & (seps_before >= last))  # separators inside the overflow vanish
+    token = jnp.where(is_sep, eos, seq)
+    b = jnp.arange(B)[:, None]
+    per_row = jnp.zeros((B, S), jnp.int32).at[b, row].add(keep.astype(jnp.int32))
+    starts = jnp.cumsum(per_row, axis=1) - per_row
+    col = jnp.cumsum(keep, axis=1) - 1 - jnp.take_along_axis(starts, row, axis=1)
+    col = jnp.where(keep, col, L)  # L: out of range, dropped
+    ranked = jnp.full((B, S, L), PAD_ID, seq.dtype).at[b, row, col].set(token, mode="drop")
+
+    rank = jnp.arange(S)[None]
+    missing = (rank < n[:, None]) & (per_row == 0)
+    ranked = ranked.at[:, :, 0].set(jnp.where(missing, eos, ranked[:, :, 0]))
+    ranked = jnp.where((rank < n[:, None])[..., None], ranked, PAD_ID)
+    # The k-th ranked row goes to the k-th real sentence (real rows first, stable order).
+    slots = jnp.argsort((~real).astype(jnp.int32), axis=-1, stable=True)
+    ids = jnp.zeros_like(ranked).at[b, slots].set(ranked)
+    return ids, counts
+
+
+def chunk_output_limits(src_mask: Array, search: Any, cap: int) -> tuple[int, Array]:
+    """(static output length, per-chunk limits ``[B]``) of the packed chunks of ``src_mask``.
+
+    Every real sentence of ``T`` slots contributes what a sentence model would get for it:
+    ``search.output_len(T)`` to the static length, ``source_length_limits`` (``len_a *
+    tokens + len_b``) to its chunk's limit; one EOS or separator per sentence is part of it.
+    Both are capped at ``cap``.
+    """
+    B, S, T = src_mask.shape
+    per_sentence = search.output_len(T)
+    max_len = min(S * per_sentence, cap)
+    limits = source_length_limits(
+        src_mask.reshape(B * S, T), search.len_a, search.len_b, per_sentence
+    ).reshape(B, S)
+    real = jnp.any(src_mask > 0, axis=-1)
+    total = jnp.sum(jnp.where(real, limits, 0), axis=-1)
+    return max_len, jnp.clip(total, 1, max_len).astype(jnp.int32)
+
+
+class Doc2DocTask:
+    """Adapter between the training loop / translator and :class:`Transformer` over packed
+    chunks (Zheng et al. 2020, Table 3, Doc2Doc)."""
+
+    sentence_level = False  # batches hold chunks of up to S sentences per row
+
+    def __init__(self, config: Doc2DocConfig):
+        self.config = config
+        self.train_module = Transformer(dataclasses.replace(config, deterministic=False))
+        self.eval_module = Transformer(dataclasses.replace(config, deterministic=True))
+
+    def _check_length(self, length: int) -> None:
+        if length > self.config.max_len:
+            raise ValueError(
+                f"a packed chunk of {length} slots > max_len={self.config.max_len}; raise "
+                "config.model.max_len or lower data.max_sentences / max_src_len / max_tgt_len"
+            )
+
+    def packed(self, batch: dict[str, Array]) -> dict[str, Array]:
+        """Packed ``src``/``tgt`` rows ``[B, S*T]`` and their masks."""
+        self._check_length(batch["src"].shape[1] * batch["src"].shape[2])
+        self._check_length(batch["tgt"].shape[1] * batch["tgt"].shape[2])
+        src, src_mask = pack_tokens(batch["src"], batch["src_mask"])
+        tgt, tgt_mask = pack_target(batch["tgt"], batch["tgt_mask"])
+        return {"src": src, "src_mask": src_mask, "tgt": tgt, "tgt_mask": tgt_mask}
+
+    def init(self, rng: Array, batch: dict[str, Array]) -> Any:
+        rows = self.packed(batch)
+        return self.eval_module.init(
+            rng, rows["src"], rows["src_mask"], rows["tgt"], rows["tgt_mask"]
+        )
+
+    def logits(
+        self, params: Any, batch: dict[str, Array], dropout_rng: Array | None, train: bool
+    ) -> tuple[Array, Array, Array]:
+        """(logits ``[B, S*T, V]``, packed targets ``[B, S*T]``, their mask ``[B, S*T]``)."""
+        rows = self.packed(batch)
+        module = self.train_module if train else self.eval_module
+        rngs = {"dropout": dropout_rng} if train else {}
+        logits = module.apply(
+            {"params": params},
+            rows["src"],
+            rows["src_mask"],
+            rows["tgt"],
+            rows["tgt_mask"],
+            rngs=rngs,
+        )
+        return logits, rows["tgt"], rows["tgt_mask"]
+
+    def translate_batch(
+        self, params: Any, batch: dict[str, Array], search: Any
+    ) -> tuple[Array, dict[str, Array]]:
+        """Beam search of every packed chunk, cut into sentences.
+
+        Returns ids ``[B, S, L]`` (``L`` = the static output length of the chunk; every real
+        sentence EOS-terminated, PAD after; padding sentences PAD) and
+        ``{"sentence_counts": [B]}``, the number of sentences of each chunk's translation.
+        """
+        module = self.eval_module
+        variables = {"params": params}
+        src_mask = batch["src_mask"]
+        B, S, T = batch["src"].shape
+        self._check_length(S * T)
+        src, packed_mask = pack_tokens(batch["src"], src_mask)
+        max_len, limits = chunk_output_limits(src_mask, search, self.config.max_len)
+        encoded = module.apply(variables, src, packed_mask, method=module.encode)
+        cache = module.apply(variables, encoded, max_len, method=module.init_cache)
+
+        def step_fn(cache: Cache, tokens: Array, extra: dict[str, Array]) -> tuple[Array, Cache]:
+            return module.apply(
+                variables, cache, tokens, extra["src_mask"], method=module.decode_step
+            )
+
+        result = beam_search(
+            step_fn,
+            cache,
+            {"src_mask": packed_mask},
+            beam_size=search.beam_size,
+            alpha=search.alpha,
+            max_len=max_len,
+            max_lengths=limits,
+            allow_bos=True,  # BOS is the separator
+        )
+        real = jnp.any(src_mask > 0, axis=-1)
+        ids, counts = split_sentences(result.sequences[:, 0], real)
+        return ids, {"sentence_counts": counts}
