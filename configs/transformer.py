@@ -40,6 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.batch_src_tokens = 2048  # padded source tokens per training batch
     config.data.batch_tgt_tokens = 2048  # padded target tokens per training batch
     config.data.eval_batch_tokens = 4096  # padded tokens per side per dev batch
+    config.data.batch_multiple = 1  # batch rows are a multiple of this and of mesh data x fsdp
 
     # Training: Adam(0.9, 0.98, 1e-9), inverse-sqrt schedule (Vaswani et al. 2017, Eq. 3).
     config.train = ml_collections.ConfigDict()
@@ -59,6 +60,12 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.best_metric = "dev_bleu"  # dev metric that picks the best checkpoint
     config.train.best_mode = "max"  # max for BLEU, min for dev_loss
     config.train.time_budget_minutes = 0.0  # stop (and save) after this long; 0 = no limit
+
+    # Device mesh (docnmt_jax/parallel.py): data x fsdp x model = all devices; -1 = the rest.
+    config.mesh = ml_collections.ConfigDict()
+    config.mesh.data = -1  # data parallelism (batch rows split, parameters replicated)
+    config.mesh.fsdp = 1  # data parallelism that also shards parameters and optimiser state
+    config.mesh.model = 1  # tensor parallelism over heads, feed-forward units and vocabulary
 
     # Initialise parameters from another run (pretrain-then-finetune); optimiser starts fresh.
     config.init_from = ""  # workdir, checkpoint directory or step directory

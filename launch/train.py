@@ -2,10 +2,19 @@
 
 Every key of the config file can be overridden, e.g. ``--config.train.num_steps=2000``;
 ``--helpfull`` lists them. Starting again on a workdir that holds checkpoints resumes.
+Without ``--workdir`` the run goes to ``runs/<config file name>``.
+
+Devices: ``--config.mesh.data/fsdp/model`` shape the device mesh (default: data parallel over
+every device). Several processes (hosts): run the same command in each, with
+``--coordinator_address/--num_processes/--process_id`` (or the environment variables
+``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``), or ``--distributed``
+to take them from the cluster (TPU pod, SLURM, Open MPI); see ``launch/tpu_pod.sh`` and
+``launch/slurm_gpu.sbatch``. ``--dry_run`` parses the flags and config and exits.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -15,12 +24,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from docnmt_jax import parallel  # noqa: E402
 from docnmt_jax.training.trainer import train_and_evaluate  # noqa: E402
 
 _DEFAULT_CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(__file__)), "configs", "transformer.py"
 )
 _KEY_LINE = re.compile(r"^\s*config\.([\w.]+)\s*=\s*(.+?)\s*(?:#\s*(.*))?$")
+
+
+def _env_int(name: str) -> int | None:
+    return int(os.environ[name]) if os.environ.get(name) else None
 
 
 def config_key_help(path: str = _DEFAULT_CONFIG) -> str:
@@ -44,15 +58,54 @@ _CONFIG = config_flags.DEFINE_config_file(
     "the keys of configs/transformer.py (other model configs add their own):\n" + config_key_help(),
     lock_config=True,
 )
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs, tokenizer.")
-flags.mark_flags_as_required(["config", "workdir"])
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Directory for checkpoints, logs, tokenizer (default: runs/<config name>)."
+)
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address",
+    os.environ.get("JAX_COORDINATOR_ADDRESS"),
+    "host:port of process 0, for multi-process training (env JAX_COORDINATOR_ADDRESS).",
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", _env_int("JAX_NUM_PROCESSES"), "Processes in the job (env JAX_NUM_PROCESSES)."
+)
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", _env_int("JAX_PROCESS_ID"), "This process's index (env JAX_PROCESS_ID)."
+)
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed",
+    False,
+    "Initialise multi-process JAX from the cluster (TPU pod, SLURM, Open MPI, Kubernetes).",
+)
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Parse the flags and config, print them, exit.")
+flags.mark_flags_as_required(["config"])
+
+
+def workdir_or_default() -> str:
+    """``--workdir``, else ``runs/<config file name without .py>``."""
+    if _WORKDIR.value:
+        return _WORKDIR.value
+    name = os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
+    return os.path.join("runs", name)
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    workdir = workdir_or_default()
+    distributed = dict(
+        coordinator_address=_COORDINATOR.value,
+        num_processes=_NUM_PROCESSES.value,
+        process_id=_PROCESS_ID.value,
+        auto=_DISTRIBUTED.value,
+    )
+    if _DRY_RUN.value:
+        config = json.loads(_CONFIG.value.to_json_best_effort())
+        print(json.dumps({"workdir": workdir, "distributed": distributed, "config": config}))
+        return
+    parallel.init_distributed(**distributed)
     logging.set_verbosity(logging.WARNING)  # progress goes to the bar and WORKDIR/train.log
-    result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    result = train_and_evaluate(_CONFIG.value, workdir)
     dev = " ".join(f"{k}={v:.4f}" for k, v in sorted(result.dev_metrics.items()))
     print(f"step {result.step} ({result.stopped_by}): {dev}")
 

@@ -45,3 +45,18 @@ def tiny_config(data_dir: str, **train_overrides):
     config.train.best_mode = "min"
     config.train.update(train_overrides)
     return config
+
+
+def tiny_final_config(data_dir: str, **train_overrides):
+    """:func:`tiny_config` with the FINAL model (``configs/final.py``) on chunks of 4 sentences."""
+    from docnmt_jax.config_files import load_config
+
+    config = tiny_config(data_dir, **train_overrides)
+    final = load_config(os.path.join(ROOT, "configs", "final.py"))
+    for key, value in final.model.items():
+        if key not in config.model:
+            config.model[key] = value
+    config.model.name = "final"
+    config.data.sentence_level = False
+    config.data.max_sentences = 4
+    return config

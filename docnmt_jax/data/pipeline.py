@@ -30,8 +30,9 @@ Batch features (int32; ``B`` = rows on this host, ``S`` sentences, ``T`` tokens)
 document of the chunk's first sentence. The three [B] features are -1 on padding rows.
 
 Batch sizes: ``B = max(1, min(batch_src_tokens, batch_tgt_tokens) // (S*T))`` rounded down to
-a multiple of ``process_count`` (at least ``process_count``), so ``B*S*T`` never exceeds the
-budget except when a single row (per process) is already larger than it.
+a multiple of ``lcm(process_count, batch_multiple)`` (at least that), so ``B*S*T`` never exceeds
+the budget except when that many rows are already larger than it (``batch_multiple``: the
+data-parallel device count, so every device gets the same number of rows).
 Host sharding: process ``i`` of ``P`` materialises the contiguous rows
 ``[i*B/P, (i+1)*B/P)`` of every global batch, so all hosts agree on shapes at every step.
 
@@ -59,6 +60,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -117,9 +119,16 @@ class PipelineConfig:
     process_index: int = 0
     process_count: int = 1
     pad_batch: bool = False
+    batch_multiple: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("max_sentences", "max_src_len", "max_tgt_len", "process_count"):
+        for name in (
+            "max_sentences",
+            "max_src_len",
+            "max_tgt_len",
+            "process_count",
+            "batch_multiple",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"PipelineConfig.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("batch_src_tokens", "batch_tgt_tokens"):
@@ -152,7 +161,7 @@ class PipelineConfig:
     def batch_size(self, s: int, t: int) -> int:
         """Global rows ``B`` of a batch of bucket ``(s, t)``."""
         b = max(1, min(self.batch_src_tokens, self.batch_tgt_tokens) // (s * t))
-        p = self.process_count
+        p = math.lcm(self.process_count, self.batch_multiple)
         return max(p, b // p * p)
 
 

@@ -28,9 +28,21 @@ Initializer = Callable[..., Array]
 NEG_INF = -1e9  # additive mask value; finite so fully masked rows give a uniform softmax, not NaN
 
 
+class LogicalAxes(nn.LogicallyPartitioned):
+    """A parameter boxed with logical axis names; unboxing under a mesh constrains it only when
+    the ranks agree (``nn.DenseGeneral`` unboxes its kernel flat, before reshaping it)."""
+
+    def unbox(self, apply_constraint: bool = True) -> Any:
+        return super().unbox(apply_constraint and np.ndim(self.value) == len(self.names))
+
+
 def partitioned(init: Initializer, axes: tuple[str, ...]) -> Initializer:
     """An initializer whose parameter carries logical axis names ``axes``."""
-    return nn.with_logical_partitioning(init, axes)
+
+    def boxed(*args: Any, **kwargs: Any) -> LogicalAxes:
+        return LogicalAxes(init(*args, **kwargs), axes)
+
+    return boxed
 
 
 def constrain(x: Array, axes: tuple[str | None, ...]) -> Array:

@@ -143,7 +143,7 @@ def init_params_from(
         raise ValueError(f"init_from={state_dir}: " + " | ".join(problems))
     merged = {
         tuple(k.split("/")): (
-            np.asarray(saved_params[k], dtype=np.asarray(v).dtype) if k in saved_params else v
+            np.asarray(saved_params[k], dtype=v.dtype) if k in saved_params else v
         )
         for k, v in model_params.items()
     }

@@ -2,13 +2,17 @@
 
 A workdir holds ``config.json``, ``spm.model`` (unless ``config.data.tokenizer`` names one),
 ``checkpoints/<step>`` and ``best/<step>``; :func:`load_translator` rebuilds the model from the
-config and restores only its parameters from the chosen checkpoint.
+config and restores only its parameters from the chosen checkpoint (onto a device mesh if
+asked: :func:`shard_translator` runs the search there).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -16,6 +20,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from docnmt_jax import parallel
 from docnmt_jax.data.tokenizer import Tokenizer, load_tokenizer
 from docnmt_jax.decoding.translator import SearchConfig, Translator
 from docnmt_jax.models import build_task
@@ -100,9 +105,14 @@ def load_params(task: Any, workdir: str, which: str) -> tuple[Any, int]:
 
 
 def load_translator(
-    workdir: str, which: str, search: SearchConfig, batch_tokens: int = 4096
+    workdir: str,
+    which: str,
+    search: SearchConfig,
+    batch_tokens: int = 4096,
+    mesh: Mapping[str, int] | None = None,
 ) -> tuple[Translator, int]:
-    """A :class:`Translator` for the run in ``workdir`` and the checkpoint step it uses."""
+    """A :class:`Translator` for the run in ``workdir`` and the checkpoint step it uses; with
+    ``mesh`` (``config.mesh``-style sizes) it searches on that device mesh."""
     config = load_config(workdir)
     tokenizer = load_run_tokenizer(config, workdir)
     task = build_task(config.model, tokenizer.vocab_size)
@@ -115,4 +125,31 @@ def load_translator(
         batch_tokens=batch_tokens,
         max_sentences=config.data.max_sentences,
     )
+    if mesh is not None:
+        layout = parallel.Layout(parallel.make_mesh(mesh))
+        boxed = jax.eval_shape(task.init, jax.random.PRNGKey(0), dummy_batch())["params"]
+        shardings = layout.param_shardings(boxed)
+        translator.params = jax.device_put(params, shardings)
+        shard_translator(translator, layout, shardings)
     return translator, step
+
+
+def shard_translator(translator: Translator, layout: parallel.Layout, params_sharding: Any) -> None:
+    """Makes ``translator`` search on the mesh: batch rows split over ``data x fsdp`` (every
+    process translates the same batches), parameters as ``params_sharding``, ids replicated."""
+    translator.pipeline_config = dataclasses.replace(
+        translator.pipeline_config, batch_multiple=layout.batch_shards
+    )
+    search = functools.partial(translator.task.translate_batch, search=translator.search)
+
+    def body(params: Any, batch: dict[str, jax.Array]) -> Any:
+        with layout.activate():
+            return search(params, batch)
+
+    jitted = jax.jit(
+        body, in_shardings=(params_sharding, layout.batch), out_shardings=layout.replicated
+    )
+    # The Translator calls ``_translate_batch(params, host_batch)``; replaced by the mesh version.
+    translator._translate_batch = lambda params, batch: jitted(
+        params, parallel.replicated_batch(batch, layout.batch)
+    )

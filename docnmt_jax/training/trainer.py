@@ -6,6 +6,12 @@ best by a dev metric), resume from the latest checkpoint including the data posi
 ``init_from`` for params-only initialisation, a time budget, and SIGTERM -> save and exit.
 Dropout keys are ``fold_in(seed_key, step)`` and the data plan is a pure function of the
 step, so a resumed run reproduces the uninterrupted one exactly.
+
+Devices: the steps run on the ``config.mesh`` device mesh (:mod:`docnmt_jax.parallel`; one
+device by default), the state initialised straight into its shardings
+(:mod:`docnmt_jax.training.state`). With several processes each reads its own rows of every
+global batch, process 0 alone writes logs, TensorBoard and ``config.json``, and all processes
+write and restore checkpoints (onto the current mesh, whatever mesh wrote them).
 """
 
 from __future__ import annotations
@@ -20,14 +26,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
+from docnmt_jax import parallel
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data import readers
 from docnmt_jax.data.documents import Document
@@ -35,7 +42,8 @@ from docnmt_jax.data.tokenizer import Tokenizer, get_or_train_tokenizer, load_to
 from docnmt_jax.decoding.translator import SearchConfig, Translator
 from docnmt_jax.evaluation.metrics import score_documents
 from docnmt_jax.models import build_task
-from docnmt_jax.training import checkpoints, losses, optim
+from docnmt_jax.training import checkpoints, losses, optim, restore
+from docnmt_jax.training import state as train_state
 
 PyTree = Any
 EvalHook = Callable[[PyTree, int], dict[str, float]]
@@ -66,9 +74,10 @@ def load_documents(data_cfg: ml_collections.ConfigDict, split: str) -> list[Docu
 
 
 def pipeline_config(
-    data_cfg: ml_collections.ConfigDict, seed: int, train: bool
+    data_cfg: ml_collections.ConfigDict, seed: int, train: bool, batch_multiple: int = 1
 ) -> pipeline_lib.PipelineConfig:
-    """The pipeline settings for training (shuffled, endless) or evaluation (one padded pass)."""
+    """The pipeline settings for training (shuffled, endless) or evaluation (one padded pass);
+    batch rows are a multiple of ``batch_multiple`` (the mesh's data-parallel size)."""
     budget = data_cfg.eval_batch_tokens
     return pipeline_lib.PipelineConfig(
         max_sentences=data_cfg.max_sentences,
@@ -83,29 +92,58 @@ def pipeline_config(
         process_index=jax.process_index(),
         process_count=jax.process_count(),
         pad_batch=not train,
+        batch_multiple=math.lcm(batch_multiple, data_cfg.get("batch_multiple", 1)),
     )
 
 
 def get_tokenizer(
     config: ml_collections.ConfigDict, workdir: str, train_docs: list[Document]
 ) -> Tokenizer:
-    """``config.data.tokenizer`` if set, else ``WORKDIR/spm.model`` (trained on first use)."""
+    """``config.data.tokenizer`` if set, else ``WORKDIR/spm.model`` (trained on first use, by
+    process 0 first so that processes sharing the workdir load its model)."""
     if config.data.tokenizer:
         return load_tokenizer(config.data.tokenizer)
-    return get_or_train_tokenizer(
-        os.path.join(workdir, "spm.model"), train_docs, vocab_size=config.data.vocab_size
-    )
+    path = os.path.join(workdir, "spm.model")
+    if jax.process_index() == 0:
+        tokenizer = get_or_train_tokenizer(path, train_docs, vocab_size=config.data.vocab_size)
+    multihost_utils.sync_global_devices("tokenizer")
+    if jax.process_index() != 0:
+        tokenizer = get_or_train_tokenizer(path, train_docs, vocab_size=config.data.vocab_size)
+    return tokenizer
 
 
 # ---------------------------------------------------------------------------------------------
 # Steps.
 
 
-def make_steps(task: Any, tx: Any, schedule: Any, smoothing: float, seed: int):
-    """The jitted ``train_step(state, batch) -> (state, metrics)`` and ``eval_step``."""
+def make_steps(
+    task: Any,
+    tx: Any,
+    schedule: Any,
+    smoothing: float,
+    seed: int,
+    layout: parallel.Layout | None = None,
+    shardings: PyTree | None = None,
+):
+    """The jitted ``train_step(state, batch) -> (state, metrics)`` and ``eval_step``.
+
+    With a ``layout`` and the state's ``shardings`` both are compiled for the mesh: batch rows
+    split over ``data x fsdp``, state as ``shardings``, metrics replicated, the models'
+    activation constraints active.
+    """
     base_key = jax.random.PRNGKey(seed)
+    active = layout.activate if layout is not None else contextlib.nullcontext
 
     def train_step(state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, jax.Array]]:
+        with active():
+            return _train_step(state, batch)
+
+    def eval_step(params: PyTree, batch: PyTree) -> dict[str, jax.Array]:
+        with active():
+            logits, targets, mask = task.logits(params, batch, None, False)
+            return losses.masked_loss_sums(logits, targets, mask, smoothing)
+
+    def _train_step(state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, jax.Array]]:
         dropout_rng = jax.random.fold_in(base_key, state["step"])
 
         def loss_fn(params: PyTree) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -119,11 +157,18 @@ def make_steps(task: Any, tx: Any, schedule: Any, smoothing: float, seed: int):
         metrics = dict(sums, lr=schedule(state["step"]), grad_norm=optax_global_norm(grads))
         return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
 
-    def eval_step(params: PyTree, batch: PyTree) -> dict[str, jax.Array]:
-        logits, targets, mask = task.logits(params, batch, None, False)
-        return losses.masked_loss_sums(logits, targets, mask, smoothing)
-
-    return jax.jit(train_step, donate_argnums=(0,)), jax.jit(eval_step)
+    if layout is None:
+        return jax.jit(train_step, donate_argnums=(0,)), jax.jit(eval_step)
+    rep = layout.replicated
+    return (
+        jax.jit(
+            train_step,
+            in_shardings=(shardings, layout.batch),
+            out_shardings=(shardings, rep),
+            donate_argnums=(0,),
+        ),
+        jax.jit(eval_step, in_shardings=(shardings["params"], layout.batch), out_shardings=rep),
+    )
 
 
 def optax_global_norm(tree: PyTree) -> jax.Array:
@@ -157,14 +202,19 @@ def make_bleu_hook(
     search: SearchConfig,
     batch_tokens: int,
     max_sentences: int,
+    layout: parallel.Layout | None = None,
+    params_sharding: PyTree | None = None,
 ) -> EvalHook:
     """Dev s-BLEU / d-BLEU / chrF of the current parameters (sacreBLEU on detokenised text).
 
-    One :class:`Translator` lives across evaluations, so its jitted search compiles once.
+    One :class:`Translator` lives across evaluations, so its jitted search compiles once; with
+    a ``layout`` it searches on the mesh (:func:`restore.shard_translator`).
     """
     translator = Translator(
         task, None, tokenizer, search, batch_tokens=batch_tokens, max_sentences=max_sentences
     )
+    if layout is not None:
+        restore.shard_translator(translator, layout, params_sharding)
     references = [list(doc.tgt) for doc in documents]
 
     def hook(params: PyTree, step: int) -> dict[str, float]:
@@ -236,6 +286,18 @@ def sigterm_flag() -> Iterator[dict[str, bool]]:
         signal.signal(signal.SIGTERM, previous)
 
 
+_STOP_REASONS = ("", "time_budget", "sigterm")
+
+
+def stop_reason(flag: dict[str, bool], deadline: float | None, every_process: bool) -> str:
+    """``'sigterm'``, ``'time_budget'`` or ``''``; with ``every_process`` the processes agree
+    (any process stopping stops all, so none waits in a collective for the others)."""
+    code = 2 if flag["stop"] else int(deadline is not None and time.monotonic() > deadline)
+    if every_process:
+        code = int(np.max(multihost_utils.process_allgather(np.int32(code))))
+    return _STOP_REASONS[code]
+
+
 # ---------------------------------------------------------------------------------------------
 # The loop.
 
@@ -284,16 +346,18 @@ def train_and_evaluate(
         with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
             f.write(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
 
+    layout = parallel.Layout(parallel.make_mesh(config.get("mesh", {})))
+    parallel.check_process_rows(layout)
     train_docs = load_documents(config.data, "train")
     dev_docs = load_documents(config.data, "dev")
     tokenizer = get_tokenizer(config, workdir, train_docs)
     encode = tokenizer.encode_batch
-    train_plan = pipeline_lib.plan_batches(
-        train_docs, encode, pipeline_config(config.data, tcfg.seed, train=True)
-    )
-    dev_plan = pipeline_lib.plan_batches(
-        dev_docs, encode, pipeline_config(config.data, tcfg.seed, train=False)
-    )
+
+    def plan(docs: list[Document], train: bool) -> pipeline_lib.BatchPlan:
+        cfg = pipeline_config(config.data, tcfg.seed, train, batch_multiple=layout.batch_shards)
+        return pipeline_lib.plan_batches(docs, encode, cfg)
+
+    train_plan, dev_plan = plan(train_docs, True), plan(dev_docs, False)
     runlog.note(
         f"data: {len(train_docs)} train / {len(dev_docs)} dev documents, "
         f"{train_plan.batches_per_epoch} train batches per epoch, "
@@ -307,13 +371,23 @@ def train_and_evaluate(
         tcfg.lr_scale,
         clip_norm=tcfg.clip_norm or None,
     )
-    first_batch = next(pipeline_lib.numpy_batches(train_plan))
-    variables = task.init(jax.random.PRNGKey(tcfg.seed), first_batch)
-    params = nn.meta.unbox(variables["params"])
-    if config.init_from:
+    shardings = train_state.state_shardings(task, tx, layout)
+    abstract = train_state.abstract_state(task, tx, shardings)
+    num_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(abstract["params"]))
+
+    ckpt = checkpoints.Checkpointer(workdir, keep=tcfg.keep_checkpoints)
+    best_value: float | None = None
+    restored = ckpt.restore("latest", abstract)
+    if restored is not None:
+        state, meta = restored
+        best_value = meta.get("best_value")
+        runlog.note(f"resumed from step {meta['step']} (data position {meta['data_step']})")
+    else:
+        state = train_state.init_state(task, tx, shardings, tcfg.seed)
+    if restored is None and config.init_from:
         params, report = checkpoints.init_params_from(
             config.init_from,
-            params,
+            state["params"],
             allow_new=config.init_from_allow_new,
             ignore_unused=config.init_from_ignore_unused,
         )
@@ -321,21 +395,17 @@ def train_and_evaluate(
             f"init_from {config.init_from}: {len(report['loaded'])} parameters loaded, "
             f"{len(report['new'])} new, {len(report['unused'])} unused"
         )
-    params = jax.tree_util.tree_map(jnp.asarray, params)
-    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
-    num_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
-
-    ckpt = checkpoints.Checkpointer(workdir, keep=tcfg.keep_checkpoints)
-    best_value: float | None = None
-    restored = ckpt.restore("latest", state)
-    if restored is not None:
-        state, meta = restored
-        best_value = meta.get("best_value")
-        runlog.note(f"resumed from step {meta['step']} (data position {meta['data_step']})")
+        state = train_state.init_state(task, tx, shardings, tcfg.seed, params)
     start = int(state["step"])
-    runlog.note(f"model {config.model.name}: {num_params:,} parameters; starting at step {start}")
+    runlog.note(
+        f"model {config.model.name}: {num_params:,} parameters; mesh {dict(layout.mesh.shape)} "
+        f"over {jax.device_count()} devices, {jax.process_count()} processes; "
+        f"starting at step {start}"
+    )
 
-    train_step, eval_step = make_steps(task, tx, schedule, tcfg.label_smoothing, tcfg.seed)
+    train_step, eval_step = make_steps(
+        task, tx, schedule, tcfg.label_smoothing, tcfg.seed, layout, shardings
+    )
     if tcfg.get("dev_bleu", False):
         eval_hooks = (
             *eval_hooks,
@@ -346,12 +416,17 @@ def train_and_evaluate(
                 SearchConfig(beam_size=tcfg.dev_bleu_beam, alpha=tcfg.dev_bleu_alpha),
                 config.data.eval_batch_tokens,
                 config.data.max_sentences,
+                layout,
+                shardings["params"],
             ),
         )
     dataset = pipeline_lib.make_dataset(train_plan, start_step=start).as_numpy_iterator()
 
     def run_eval(step: int) -> dict[str, float]:
-        metrics = evaluate_loss(eval_step, state["params"], pipeline_lib.numpy_batches(dev_plan))
+        batches = pipeline_lib.numpy_batches(dev_plan)
+        metrics = evaluate_loss(
+            eval_step, state["params"], (parallel.global_batch(b, layout.batch) for b in batches)
+        )
         for hook in eval_hooks:
             metrics.update(hook(state["params"], step))
         return metrics
@@ -379,22 +454,19 @@ def train_and_evaluate(
     step = start
     step_losses: list[float] = []
     window: dict[str, Any] = {}
-    window_tokens, window_steps, window_start = 0.0, 0, time.monotonic()
+    window_steps, window_start = 0, time.monotonic()
     dev: dict[str, float] = {}
     stopped_by = "num_steps"
     bar = tqdm(total=tcfg.num_steps, initial=start, desc="train", disable=jax.process_index() != 0)
     with sigterm_flag() as flag:
         while step < tcfg.num_steps:
-            if flag["stop"]:
-                stopped_by = "sigterm"
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                stopped_by = "time_budget"
-                break
-            batch = next(dataset)
-            state, metrics = train_step(state, batch)
+            if jax.process_count() == 1 or step % tcfg.log_every == 0:
+                reason = stop_reason(flag, deadline, every_process=jax.process_count() > 1)
+                if reason:
+                    stopped_by = reason
+                    break
+            state, metrics = train_step(state, parallel.global_batch(next(dataset), layout.batch))
             step += 1
-            window_tokens += float(batch["tgt_mask"].sum())
             window_steps += 1
             window = metrics if not window else jax.tree_util.tree_map(jnp.add, window, metrics)
             if record_losses:
@@ -409,7 +481,7 @@ def train_and_evaluate(
                     "nll": float(w["nll"]) / max(float(w["tokens"]), 1.0),
                     "lr": float(w["lr"]) / n,
                     "grad_norm": float(w["grad_norm"]) / n,
-                    "tokens_per_s": window_tokens / max(elapsed, 1e-9),
+                    "tokens_per_s": float(w["tokens"]) / max(elapsed, 1e-9),
                 }
                 runlog.write(step, values, prefix="train/")
                 bar.set_postfix(
@@ -417,7 +489,7 @@ def train_and_evaluate(
                     lr=f"{values['lr']:.2e}",
                     tok_s=f"{values['tokens_per_s']:.0f}",
                 )
-                window, window_tokens, window_steps = {}, 0.0, 0
+                window, window_steps = {}, 0
                 window_start = time.monotonic()
             bar.update(1)
             evaluated = step % tcfg.eval_every == 0

@@ -1,0 +1,80 @@
+"""The train state ``{step, params, opt_state}`` on a device mesh.
+
+Its shardings come from the models' logical axis names (``jax.eval_shape`` of the init, so
+nothing is computed), and it is initialised directly into them by a jitted init with those
+``out_shardings``: no device ever holds the whole state unless the mesh says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from docnmt_jax import parallel
+from docnmt_jax.parallel import Layout
+from docnmt_jax.training.restore import dummy_batch
+
+PyTree = Any
+
+
+def state_shardings(task: Any, tx: optax.GradientTransformation, layout: Layout) -> PyTree:
+    """Shardings of the train state: parameters by their logical axes, the optimiser state
+    like the parameters it mirrors, the step replicated."""
+    boxed = jax.eval_shape(task.init, jax.random.PRNGKey(0), dummy_batch())["params"]
+    params = layout.param_shardings(boxed)
+    opt_state = jax.eval_shape(tx.init, nn.meta.unbox(boxed))
+    return {
+        "step": layout.replicated,
+        "params": params,
+        "opt_state": layout.opt_state_shardings(tx, opt_state, params),
+    }
+
+
+def abstract_state(task: Any, tx: optax.GradientTransformation, shardings: PyTree) -> PyTree:
+    """``jax.ShapeDtypeStruct`` leaves of the train state with ``shardings`` (restore target)."""
+
+    def init() -> PyTree:
+        return _fresh(tx, nn.meta.unbox(task.init(jax.random.PRNGKey(0), dummy_batch())["params"]))
+
+    return parallel.abstract(jax.eval_shape(init), shardings)
+
+
+def _fresh(tx: optax.GradientTransformation, params: PyTree) -> PyTree:
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+
+
+def init_state(
+    task: Any,
+    tx: optax.GradientTransformation,
+    shardings: PyTree,
+    seed: int,
+    params: PyTree | None = None,
+) -> PyTree:
+    """The initial train state, computed straight into ``shardings``: fresh parameters from
+    ``seed``, or the given host ``params`` (``init_from``) with a fresh optimiser state."""
+    if params is not None:
+        params = put(params, shardings["params"])
+        return jax.jit(lambda p: _fresh(tx, p), out_shardings=shardings)(params)
+
+    def init() -> PyTree:  # the parameters do not depend on the batch's values or size
+        variables = task.init(jax.random.PRNGKey(seed), dummy_batch())
+        return _fresh(tx, nn.meta.unbox(variables["params"]))
+
+    return jax.jit(init, out_shardings=shardings)()
+
+
+def put(tree: PyTree, shardings: PyTree) -> PyTree:
+    """``tree`` as global arrays with ``shardings``; host arrays must be equal on all processes."""
+
+    def place(x: Any, sharding: jax.sharding.Sharding) -> jax.Array:
+        if isinstance(x, jax.Array):
+            return jax.device_put(x, sharding)
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+    return jax.tree_util.tree_map(place, tree, shardings)

@@ -1,0 +1,71 @@
+"""Runs training on simulated devices for ``tests/test_sharding.py``, in a fresh process.
+
+The CPU device count (``XLA_FLAGS``) and ``jax.distributed`` must be set before JAX starts, so
+the tests run this script: ``python tests/sharding_worker.py SPEC.json OUT.json``. ``SPEC``:
+``devices`` (simulated CPU devices of this process), optional ``distributed`` (keyword
+arguments of ``jax.distributed.initialize``), ``runs`` (``{"config": dict, "workdir": str}``,
+trained in order with ``record_losses``) and ``restores`` (``{"workdir", "config", "npz"}``:
+the latest checkpoint of ``workdir`` restored onto ``config``'s mesh, parameters saved to
+``npz``). ``OUT``: per run its losses and dev metrics (written by process 0).
+"""
+
+import json
+import os
+import sys
+
+if __name__ == "__main__":
+    with open(sys.argv[1], encoding="utf-8") as f:
+        SPEC = json.load(f)
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={SPEC['devices']}"
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import traverse_util  # noqa: E402
+
+from docnmt_jax import parallel  # noqa: E402
+from docnmt_jax.data.tokenizer import load_tokenizer  # noqa: E402
+from docnmt_jax.models import build_task  # noqa: E402
+from docnmt_jax.training import checkpoints, optim, trainer  # noqa: E402
+from docnmt_jax.training import state as train_state  # noqa: E402
+
+
+def restore_params(workdir: str, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+    """Parameters of the latest checkpoint of ``workdir`` restored onto ``config``'s mesh."""
+    layout = parallel.Layout(parallel.make_mesh(config.mesh))
+    vocab = load_tokenizer(config.data.tokenizer or os.path.join(workdir, "spm.model")).vocab_size
+    task = build_task(config.model, vocab)
+    tx, _ = optim.make_optimizer(config.model.d_model, config.train.warmup_steps)
+    shardings = train_state.state_shardings(task, tx, layout)
+    ckpt = checkpoints.Checkpointer(workdir)
+    state, _ = ckpt.restore("latest", train_state.abstract_state(task, tx, shardings))
+    ckpt.close()
+    for leaf, sharding in zip(
+        jax.tree_util.tree_leaves(state["params"]),
+        jax.tree_util.tree_leaves(shardings["params"]),
+        strict=True,
+    ):
+        assert leaf.sharding == sharding, (leaf.sharding, sharding)
+    flat = traverse_util.flatten_dict(state["params"], sep=".")
+    return {k: np.asarray(v) for k, v in flat.items()}
+
+
+def main() -> None:
+    if "distributed" in SPEC:
+        jax.distributed.initialize(**SPEC["distributed"])
+    results = []
+    for run in SPEC.get("runs", []):
+        config = ml_collections.ConfigDict(run["config"])
+        result = trainer.train_and_evaluate(config, run["workdir"], record_losses=True)
+        results.append({"losses": result.losses, "dev": result.dev_metrics})
+    for item in SPEC.get("restores", []):
+        params = restore_params(item["workdir"], ml_collections.ConfigDict(item["config"]))
+        np.savez(item["npz"], **params)
+    if jax.process_index() == 0:
+        with open(sys.argv[2], "w", encoding="utf-8") as f:
+            json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main()
