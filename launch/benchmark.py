@@ -1,25 +1,51 @@
-"""Benchmarks of the toolkit, one section per component, selected with ``--sections``.
+"""Benchmarks of the models on identical batches in one process, plus the data pipeline.
 
-Sections:
-  peak      the machine's matrix-multiply peak (GFLOP/s), float32 and bfloat16
-  train     train-step time, target tokens/s and achieved GFLOP/s (FLOPs counted by XLA's
-            cost analysis of the compiled step) against the measured peak, per model
-  pipeline  throughput of the tf.data document pipeline on a TSV of documents
-            (``doc_id<TAB>src<TAB>tgt``), in document mode and sentence-level mode, for the
-            tf.data dataset and the plain NumPy iterator.
+Sections (``--sections``; default ``peak,train,decode,growth``):
+  peak      the machine's matrix-multiply peak (GFLOP/s) in float32 and bfloat16
+  train     per model: train-step time (median of --steps after --warmup steps; compilation
+            timed apart), target tokens/s, the analytic FLOPs per step (docnmt_jax/flops.py)
+            next to the exact matmul FLOPs of the traced step ("jaxpr dots", backward
+            included) and XLA's cost_analysis count (every op), achieved FLOP/s and MFU
+            (analytic FLOPs) against the measured peak of --dtype, compiled memory (arguments
+            + outputs + temporaries - donated), and the ratio to the sentence Transformer
+  decode    per model: beam search and greedy on the same documents, sentences/s, tokens/s,
+            XLA compilations, and the ratio to the sentence Transformer
+  growth    train-step time, compiled memory and analytic FLOPs against sentences per chunk
+            (fixed sentence length) and against sentence length (fixed sentences per chunk),
+            with the fitted log-log slope per model
+  pipeline  (not in the default) throughput of the tf.data document pipeline on a TSV of
+            documents (``doc_id<TAB>src<TAB>tgt``), document and sentence mode
+  profile   (added by ``--profile DIR``) a ``jax.profiler`` trace per model of 3 train steps
+            and one beam and one greedy decode, to see which ops limit speed (TensorBoard's
+            profile plugin or Perfetto)
+
+Batches are synthetic and fully real (seeded random tokens, no padding): ``--chunks`` chunks of
+``--sentences`` sentences of ``--length`` tokens. Document models get the chunks, the sentence
+Transformer the same sentences as rows, so every model learns the same target tokens.
+
+Decoding fixes the output length, since random-init parameters end sentences at arbitrary
+points: the EOS row of the tied output embedding is set to zero (EOS logit 0, while about half
+of the V logits are positive, so EOS never ranks in a beam's top 2·beam) and every output is
+limited to ``--decode-len`` tokens (``len_a=0, len_b=max_len=L``). Every sentence of every model
+then takes exactly L decoder steps, the last forcing EOS; tokens/s counts those steps and the
+table shows the measured mean length (Doc2Doc searches a chunk as one sequence of S·L steps
+and cuts it at separators; empty pieces add an EOS each, so its mean is slightly above L).
 
 Usage:
-  python launch/benchmark.py --sections peak,train [--models transformer] [--size ted]
-  python launch/benchmark.py --sections pipeline --tsv data/bible/train.tsv \\
-      [--spm MODEL.model] [--num-batches 2000] [--json runs/bench.json]
+  python launch/benchmark.py [--models transformer,final] [--size tiny|ted|base]
+      [--dtype float32|bfloat16] [--quick] [--json FILE] [--profile DIR]
+  python launch/benchmark.py --sections pipeline --tsv data/bible/train.tsv [--spm MODEL.model]
 
-Each section prints a markdown table; ``--json`` writes all results to one file.
+``--quick`` runs the default sections at the tiny size (2 timed steps, 4-token decoding, two
+points per growth sweep), its time mostly XLA compilation; explicit options override it. Each
+section prints a markdown table; ``--json`` writes all results to one file.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -28,9 +54,611 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-Section = Callable[[argparse.Namespace], dict[str, Any]]
+Results = dict[str, Any]
+Section = Callable[[argparse.Namespace, Results], Results]
+
+SIZES = {
+    "tiny": {"d_model": 32, "num_heads": 2, "ffn_dim": 64, "layers": 1},  # for tests
+    "ted": {"d_model": 256, "num_heads": 4, "ffn_dim": 512, "layers": 4},
+    "base": {"d_model": 512, "num_heads": 8, "ffn_dim": 2048, "layers": 6},
+}
+# Options whose default depends on --quick; an explicit option wins.
+PRESETS: dict[str, dict[str, Any]] = {
+    "full": dict(
+        sections="peak,train,decode,growth",
+        size="ted",
+        chunks=8,
+        sentences=8,
+        length=32,
+        vocab=8000,
+        steps=10,
+        warmup=2,
+        peak_size=0,
+        decode_len=32,
+        decode_repeats=3,
+        growth_chunks=2,
+        growth_sentences="1,5,10,20,40",
+        growth_lengths="16,32,64,128",
+        growth_steps=3,
+    ),
+    "quick": dict(
+        sections="peak,train,decode,growth",
+        size="tiny",
+        chunks=2,
+        sentences=3,
+        length=6,
+        vocab=64,
+        steps=2,
+        warmup=1,
+        peak_size=256,
+        decode_len=4,
+        decode_repeats=1,
+        growth_chunks=2,
+        growth_sentences="1,3",
+        growth_lengths="6,12",
+        growth_steps=1,
+    ),
+}
+OPTIONAL_MODELS = ("doc2doc",)  # benchmarked by default once build_task knows them
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A markdown table; every column but the first is right-aligned."""
+    print("| " + " | ".join(headers) + " |")
+    print("|---|" + "---:|" * (len(headers) - 1))
+    for row in rows:
+        print("| " + " | ".join(str(c) for c in row) + " |")
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(np.median(values))
+
+
+def _time(fn: Callable[[], Any], repeats: int) -> list[float]:
+    """Wall seconds of ``repeats`` calls of ``fn``, each waited for."""
+    import jax
+
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+class CompileWatch:
+    """Counts XLA backend compilations inside a ``with`` block (via ``jax.monitoring``)."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+
+    def __enter__(self) -> CompileWatch:
+        import jax
+
+        self.count = 0
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import jax
+
+        jax.monitoring.unregister_event_duration_listener(self._listen)
+
+    def _listen(self, event: str, duration: float, **kwargs: Any) -> None:
+        if event == self.EVENT:
+            self.count += 1
+
+
+def _memory_bytes(compiled: Any) -> dict[str, int]:
+    """Compiled memory (bytes): arguments, outputs, temporaries (the activations), aliased
+    (donated) outputs, and ``total = argument + output + temp - alias``."""
+    m = compiled.memory_analysis()
+    if m is None:
+        return {"total": 0, "temp": 0}
+    parts = {
+        "argument": m.argument_size_in_bytes,
+        "output": m.output_size_in_bytes,
+        "temp": m.temp_size_in_bytes,
+        "alias": m.alias_size_in_bytes,
+    }
+    parts["total"] = parts["argument"] + parts["output"] + parts["temp"] - parts["alias"]
+    return parts
+
+
+def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope of log y against log x (the growth exponent)."""
+    if len(xs) < 2 or min(ys) <= 0:
+        return float("nan")
+    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
+
+
+def _fmt(value: float | None, spec: str = ",.0f", scale: float = 1.0) -> str:
+    return "n/a" if value is None else format(value * scale, spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# models and batches
+
+
+def model_names(args: argparse.Namespace) -> list[str]:
+    """``--models``, or ``transformer,final`` plus the optional models build_task knows."""
+    if args.models != "auto":
+        return args.models.split(",")
+    names = ["transformer", "final"]
+    for name in OPTIONAL_MODELS:
+        try:
+            build(name, args, 1)
+        except ValueError:
+            continue
+        names.append(name)
+    return names
+
+
+def build(name: str, args: argparse.Namespace, sentences: int) -> Any:
+    """The task of model ``name`` at ``--size``/``--dtype``, fit for chunks of ``sentences``."""
+    from docnmt_jax.models import build_task
+
+    size = SIZES[args.size]
+    config = {
+        "name": name,
+        "d_model": size["d_model"],
+        "num_heads": size["num_heads"],
+        "ffn_dim": size["ffn_dim"],
+        "num_encoder_layers": size["layers"],
+        "num_decoder_layers": size["layers"],
+        "dtype": args.dtype,
+    }
+    task = build_task(config, args.vocab)
+    if getattr(task.config, "max_segments", sentences) < sentences:
+        task = type(task)(dataclasses.replace(task.config, max_segments=sentences))
+    return task
+
+
+def make_batch(args: argparse.Namespace, chunks: int, sentences: int, length: int) -> Results:
+    """The shared synthetic batch: ``[chunks, sentences, length]``, seeded, no padding."""
+    from docnmt_jax.training.restore import dummy_batch
+
+    return dummy_batch(sentences, length, rows=chunks, vocab_size=args.vocab)
+
+
+def init_params(task: Any, batch: Results) -> Any:
+    """Seeded parameters (one jitted init: faster than op-by-op for every model)."""
+    import flax.linen as nn
+    import jax
+
+    return nn.meta.unbox(jax.jit(task.init)(jax.random.PRNGKey(0), batch)["params"])
+
+
+def analytic_train_flops(task: Any, batch: Results) -> tuple[int | None, dict[str, int]]:
+    """flops.py's count for one train step on ``batch`` and its forward terms (None if the
+    model has no analytic count)."""
+    from docnmt_jax import flops
+
+    if not flops.supported(task.config):
+        return None, {}
+    B, S, T = batch["tgt"].shape
+    shape = flops.BatchShape(B, S, batch["src"].shape[-1], T)
+    return flops.train_flops(task.config, shape), flops.forward_terms(task.config, shape)
+
+
+class TrainStep:
+    """A compiled train step with its state and the compilation's measurements."""
+
+    def __init__(self, compiled: Any, state: Any, compile_seconds: float, dot_flops: int):
+        self.compiled = compiled
+        self.state = state
+        self.compile_seconds = compile_seconds
+        self.dot_flops = dot_flops  # exact matmul FLOPs of the traced step (backward included)
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        self.xla_flops = float(cost.get("flops", 0.0))
+        self.memory = _memory_bytes(compiled)
+
+    def run(self, batch: Results, steps: int) -> list[float]:
+        """Runs ``steps`` steps; wall seconds of each (state carried over)."""
+        import jax
+
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            self.state, metrics = self.compiled(self.state, batch)
+            jax.block_until_ready(metrics)
+            times.append(time.perf_counter() - t0)
+        return times
+
+
+def compile_train(task: Any, batch: Results) -> TrainStep:
+    """The trainer's jitted step for ``task``, compiled ahead of time for ``batch``."""
+    import jax.numpy as jnp
+
+    from docnmt_jax import flops
+    from docnmt_jax.training import optim, trainer
+
+    params = init_params(task, batch)
+    tx, schedule = optim.make_optimizer(task.config.d_model, warmup_steps=4000)
+    train_step, _ = trainer.make_steps(task, tx, schedule, smoothing=0.1, seed=0)
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+    t0 = time.perf_counter()
+    traced = train_step.trace(state, batch)
+    compiled = traced.lower().compile()
+    compile_s = time.perf_counter() - t0
+    return TrainStep(compiled, state, compile_s, flops.jaxpr_dot_flops(traced.jaxpr))
+
+
+def add_ratios(runs: list[Results], key: str, group: str | None = None) -> str:
+    """Adds ``{key}_ratio`` (run / baseline) to every run; the baseline is the sentence
+    Transformer if present, else the first model (per ``group`` value when given)."""
+    names = [r["model"] for r in runs]
+    baseline = "transformer" if "transformer" in names else names[0]
+    for r in runs:
+        base = next(
+            b for b in runs if b["model"] == baseline and (group is None or b[group] == r[group])
+        )
+        r[f"{key}_ratio"] = r[key] / base[key]
+    return baseline
+
+
+# ---------------------------------------------------------------------------------------------
+# peak
+
+
+def _matmul_gflops(n: int, dtype: Any, calls: int = 5) -> tuple[float, float]:
+    """(GFLOP/s, seconds per call) of an ``n x n`` matmul, median over ``calls`` batches of
+    ``calls`` back-to-back calls (so dispatch overhead is amortised)."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32).astype(dtype)
+    matmul = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
+    jax.block_until_ready(matmul(a, a))
+
+    def burst() -> list[Any]:
+        return [matmul(a, a) for _ in range(calls)]
+
+    per_call = _median(_time(burst, calls)) / calls
+    return 2 * n**3 / per_call / 1e9, per_call
+
+
+def peak_section(args: argparse.Namespace, results: Results) -> Results:
+    """Matmul peak per dtype; with ``--peak-size 0`` the size doubles from 512 until one call
+    takes 20 ms (or 8192), so the measurement is compute-bound on any machine."""
+    import jax
+    import jax.numpy as jnp
+
+    result: Results = {"device": str(jax.devices()[0])}
+    sizes = [args.peak_size] if args.peak_size else [512, 1024, 2048, 4096, 8192]
+    for name, dtype in (("float32", jnp.float32), ("bfloat16", jnp.bfloat16)):
+        for n in sizes:
+            gflops, per_call = _matmul_gflops(n, dtype)
+            if per_call >= 0.02:
+                break
+        result[f"{name}_gflops"] = gflops
+        result[f"{name}_size"] = n
+    return result
+
+
+def print_peak(result: Results) -> None:
+    print(
+        f"\n### peak: matmul on {result['device']}: float32 {result['float32_gflops']:,.0f} "
+        f"GFLOP/s ({result['float32_size']}²), bfloat16 {result['bfloat16_gflops']:,.0f} "
+        f"GFLOP/s ({result['bfloat16_size']}²)\n"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# train
+
+
+def train_run(name: str, args: argparse.Namespace, peak_gflops: float | None) -> Results:
+    """One model's train-step measurements on the shared batch."""
+    task = build(name, args, args.sentences)
+    batch = make_batch(args, args.chunks, args.sentences, args.length)
+    step = compile_train(task, batch)
+    step.run(batch, args.warmup)
+    step_s = _median(step.run(batch, args.steps))
+    flops, terms = analytic_train_flops(task, batch)
+    tokens = int(batch["tgt"].size)
+    achieved = flops / step_s if flops else None
+    return {
+        "model": name,
+        "batch": list(batch["tgt"].shape),
+        "target_tokens": tokens,
+        "compile_seconds": step.compile_seconds,
+        "step_seconds": step_s,
+        "tokens_per_s": tokens / step_s,
+        "flops_per_step": flops,
+        "forward_flops_terms": terms,
+        "jaxpr_dot_flops_per_step": step.dot_flops,
+        "jaxpr_over_analytic": step.dot_flops / flops if flops else None,
+        "xla_flops_per_step": step.xla_flops,
+        "xla_over_analytic": step.xla_flops / flops if flops else None,
+        "achieved_flops_per_s": achieved,
+        "xla_flops_per_s": step.xla_flops / step_s,
+        "mfu": achieved / (peak_gflops * 1e9) if achieved and peak_gflops else None,
+        "memory_bytes": step.memory,
+    }
+
+
+def train_section(args: argparse.Namespace, results: Results) -> Results:
+    peak = results.get("peak", {}).get(f"{args.dtype}_gflops")
+    runs = [train_run(name, args, peak) for name in model_names(args)]
+    baseline = add_ratios(runs, "tokens_per_s")
+    return {
+        "size": args.size,
+        "dtype": args.dtype,
+        "peak_gflops": peak,
+        "baseline": baseline,
+        "runs": runs,
+    }
+
+
+def print_train(result: Results) -> None:
+    print(
+        f"\n### train: size {result['size']}, {result['dtype']}, MFU against the measured "
+        f"{result['dtype']} peak; ratio to {result['baseline']}\n"
+    )
+    rows = []
+    for r in result["runs"]:
+        rows.append(
+            [
+                r["model"],
+                "x".join(map(str, r["batch"])),
+                f"{r['compile_seconds']:.1f}",
+                f"{1000 * r['step_seconds']:.1f}",
+                f"{r['tokens_per_s']:,.0f}",
+                f"{r['tokens_per_s_ratio']:.2f}",
+                _fmt(r["flops_per_step"], ".3f", 1e-9),
+                _fmt(r["jaxpr_over_analytic"], ".3f"),
+                _fmt(r["xla_over_analytic"], ".3f"),
+                _fmt(r["achieved_flops_per_s"], ",.1f", 1e-9),
+                _fmt(r["mfu"], ".1%"),
+                f"{r['memory_bytes']['total'] / 2**20:,.2f}",
+                f"{r['memory_bytes']['temp'] / 2**20:,.2f}",
+            ]
+        )
+    print_table(
+        [
+            "model",
+            "batch BxSxT",
+            "compile s",
+            "step ms",
+            "target tok/s",
+            "tok/s ratio",
+            "GFLOP/step",
+            "jaxpr dots/analytic",
+            "XLA/analytic",
+            "GFLOP/s",
+            "MFU",
+            "compiled MiB",
+            "temp MiB",
+        ],
+        rows,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# decode
+
+
+def never_eos(params: Any) -> Any:
+    """``params`` with the EOS row of every ``embedding`` table set to zero (fixed-length
+    decoding with a tied output embedding; see the module docstring)."""
+    import jax
+
+    from docnmt_jax.data.tokenizer import EOS_ID
+
+    def zero_eos(path: Any, x: Any) -> Any:
+        last = path[-1]
+        if getattr(last, "key", None) == "embedding" and x.ndim == 2:
+            return x.at[EOS_ID].set(0)
+        return x
+
+    return jax.tree_util.tree_map_with_path(zero_eos, params)
+
+
+def _fixed_search(beam: int, length: int) -> Any:
+    """Beam ``beam`` (1: greedy, alpha 0; else alpha 0.6), every output exactly ``length``."""
+    from docnmt_jax.decoding.translator import SearchConfig
+
+    alpha = 0.6 if beam > 1 else 0.0
+    return SearchConfig(beam_size=beam, alpha=alpha, len_a=0.0, len_b=length, max_len=length)
+
+
+def decode_run(
+    name: str, task: Any, params: Any, batch: Results, beam: int, args: argparse.Namespace
+) -> Results:
+    """Timing of ``task.translate_batch`` with beam ``beam`` (1: greedy) on ``batch``."""
+    import jax
+
+    from docnmt_jax.data.tokenizer import PAD_ID
+
+    search = _fixed_search(beam, args.decode_len)
+    translate = jax.jit(functools.partial(task.translate_batch, search=search))
+    with CompileWatch() as watch:
+        t0 = time.perf_counter()
+        output = jax.block_until_ready(translate(params, batch))
+        first_s = time.perf_counter() - t0
+        seconds = _median(_time(lambda: translate(params, batch), args.decode_repeats))
+    ids = np.asarray(output[0] if isinstance(output, tuple) else output)  # (ids, aux) or ids
+    sentences = int(np.prod(batch["src"].shape[:2]))
+    tokens = sentences * args.decode_len  # decoder steps: the fixed budget of every sentence
+    return {
+        "model": name,
+        "search": f"beam {beam}" if beam > 1 else "greedy",
+        "beam": beam,
+        "alpha": search.alpha,
+        "sentences": sentences,
+        "output_tokens": tokens,
+        "mean_output_len": int(np.sum(ids != PAD_ID)) / sentences,  # measured: should be L
+        "compile_seconds": max(first_s - seconds, 0.0),
+        "compilations": watch.count,
+        "seconds": seconds,
+        "sentences_per_s": sentences / seconds,
+        "tokens_per_s": tokens / seconds,
+    }
+
+
+def decode_section(args: argparse.Namespace, results: Results) -> Results:
+    batch = make_batch(args, args.chunks, args.sentences, args.length)
+    runs = []
+    for name in model_names(args):
+        task = build(name, args, args.sentences)
+        params = never_eos(init_params(task, batch))
+        for beam in sorted({args.beam, 1}, reverse=True):
+            runs.append(decode_run(name, task, params, batch, beam, args))
+    baseline = add_ratios(runs, "sentences_per_s", group="beam")
+    return {"decode_len": args.decode_len, "baseline": baseline, "runs": runs}
+
+
+def print_decode(result: Results) -> None:
+    print(
+        f"\n### decode: every sentence {result['decode_len']} tokens (EOS forced last); "
+        f"ratio to {result['baseline']}\n"
+    )
+    rows = [
+        [
+            r["model"],
+            r["search"],
+            r["sentences"],
+            f"{r['mean_output_len']:.1f}",
+            f"{r['compile_seconds']:.1f}",
+            r["compilations"],
+            f"{1000 * r['seconds']:.1f}",
+            f"{r['sentences_per_s']:,.1f}",
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['sentences_per_s_ratio']:.2f}",
+        ]
+        for r in result["runs"]
+    ]
+    print_table(
+        [
+            "model",
+            "search",
+            "sentences",
+            "tokens/sent",
+            "compile s",
+            "compilations",
+            "batch ms",
+            "sentences/s",
+            "tokens/s",
+            "sent/s ratio",
+        ],
+        rows,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# growth
+
+
+def growth_point(name: str, args: argparse.Namespace, sentences: int, length: int) -> Results:
+    """Train-step time, compiled memory and analytic FLOPs at one batch shape."""
+    task = build(name, args, sentences)
+    batch = make_batch(args, args.growth_chunks, sentences, length)
+    step = compile_train(task, batch)
+    step.run(batch, 1)
+    flops, _ = analytic_train_flops(task, batch)
+    return {
+        "model": name,
+        "sentences": sentences,
+        "length": length,
+        "step_seconds": _median(step.run(batch, args.growth_steps)),
+        "memory_bytes": step.memory["total"],
+        "temp_bytes": step.memory["temp"],
+        "flops_per_step": flops,
+    }
+
+
+def _points_from_train(results: Results, chunks: int) -> dict[tuple[str, int, int], Results]:
+    """The train section's runs as growth points (same measurement, not compiled twice)."""
+    points = {}
+    for r in results.get("train", {}).get("runs", []):
+        B, S, T = r["batch"]
+        if B == chunks:
+            points[r["model"], S, T] = {
+                "model": r["model"],
+                "sentences": S,
+                "length": T,
+                "step_seconds": r["step_seconds"],
+                "memory_bytes": r["memory_bytes"]["total"],
+                "temp_bytes": r["memory_bytes"]["temp"],
+                "flops_per_step": r["flops_per_step"],
+            }
+    return points
+
+
+def _growth_slopes(points: list[Results], axis: str) -> Results:
+    xs = [p[axis] for p in points]
+    flops = [p["flops_per_step"] for p in points]
+    return {
+        "time": _slope(xs, [p["step_seconds"] for p in points]),
+        "memory": _slope(xs, [p["memory_bytes"] for p in points]),
+        "temp_memory": _slope(xs, [p["temp_bytes"] for p in points]),
+        "flops": _slope(xs, flops) if all(flops) else None,
+    }
+
+
+def growth_section(args: argparse.Namespace, results: Results) -> Results:
+    """Sweeps sentences per chunk at ``--length`` and sentence length at ``--sentences``."""
+    sweeps = {
+        "sentences": [(s, args.length) for s in map(int, args.growth_sentences.split(","))],
+        "length": [(args.sentences, t) for t in map(int, args.growth_lengths.split(","))],
+    }
+    cache = _points_from_train(results, args.growth_chunks)
+    result: Results = {"chunks": args.growth_chunks, "sweeps": {}, "slopes": {}}
+    for name in args.growth_models.split(","):
+        for axis, shapes in sweeps.items():
+            points = []
+            for s, t in shapes:
+                if (name, s, t) not in cache:
+                    cache[name, s, t] = growth_point(name, args, s, t)
+                points.append(cache[name, s, t])
+            result["sweeps"].setdefault(axis, {})[name] = points
+            result["slopes"].setdefault(axis, {})[name] = _growth_slopes(points, axis)
+    return result
+
+
+def print_growth(result: Results) -> None:
+    print(f"\n### growth: train step against batch shape ({result['chunks']} chunks)\n")
+    rows = []
+    for axis, by_model in result["sweeps"].items():
+        for name, points in by_model.items():
+            for p in points:
+                rows.append(
+                    [
+                        name,
+                        axis,
+                        p["sentences"],
+                        p["length"],
+                        f"{1000 * p['step_seconds']:.1f}",
+                        f"{p['memory_bytes'] / 2**20:,.2f}",
+                        f"{p['temp_bytes'] / 2**20:,.2f}",
+                        _fmt(p["flops_per_step"], ".3f", 1e-9),
+                    ]
+                )
+    headers = ["model", "sweep", "S", "T", "step ms", "compiled MiB", "temp MiB", "GFLOP/step"]
+    print_table(headers, rows)
+    print("\nfitted log-log slopes (growth exponents):\n")
+    rows = [
+        [
+            name,
+            axis,
+            f"{s['time']:.2f}",
+            f"{s['memory']:.2f}",
+            f"{s['temp_memory']:.2f}",
+            _fmt(s["flops"], ".2f"),
+        ]
+        for axis, by_model in result["slopes"].items()
+        for name, s in by_model.items()
+    ]
+    print_table(["model", "against", "time", "memory", "temp memory", "analytic FLOPs"], rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -54,7 +682,7 @@ def _spm_encoder(path: str) -> Callable[[Sequence[str]], list[list[int]]]:
     return lambda texts: sp.encode(list(texts))
 
 
-def pipeline_section(args: argparse.Namespace) -> dict[str, Any]:
+def pipeline_section(args: argparse.Namespace, results: Results) -> Results:
     from docnmt_jax.data import pipeline as P
     from docnmt_jax.data.readers import read_tsv
 
@@ -111,7 +739,7 @@ def pipeline_section(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def print_pipeline(result: dict[str, Any]) -> None:
+def print_pipeline(result: Results) -> None:
     c = result["corpus"]
     print(
         f"\n### pipeline: {result['tsv']} ({c['documents']} documents, {c['sentences']} "
@@ -135,146 +763,88 @@ def print_pipeline(result: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# peak and train
+# profile
 
 
-def _time(fn: Callable[[], Any], repeats: int) -> list[float]:
+def profile_section(args: argparse.Namespace, results: Results) -> Results:
+    """A ``jax.profiler`` trace per model: 3 train steps, one beam and one greedy decode."""
     import jax
 
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return times
+    batch = make_batch(args, args.chunks, args.sentences, args.length)
+    traces = {}
+    for name in model_names(args):
+        task = build(name, args, args.sentences)
+        step = compile_train(task, batch)
+        step.run(batch, 1)
+        params = never_eos(init_params(task, batch))
+        decoders = {}
+        for beam in sorted({args.beam, 1}, reverse=True):
+            search = _fixed_search(beam, args.decode_len)
+            decoders[beam] = jax.jit(functools.partial(task.translate_batch, search=search))
+            jax.block_until_ready(decoders[beam](params, batch))  # compile outside the trace
+        path = os.path.join(args.profile, name)
+        with jax.profiler.trace(path):
+            for i in range(3):
+                with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                    step.run(batch, 1)
+            for beam, decode in decoders.items():
+                with jax.profiler.TraceAnnotation(f"decode_beam{beam}"):
+                    jax.block_until_ready(decode(params, batch))
+        traces[name] = path
+    return {"traces": traces}
 
 
-def peak_section(args: argparse.Namespace) -> dict[str, Any]:
-    import jax
-    import jax.numpy as jnp
-
-    n = args.peak_size
-    result: dict[str, Any] = {"size": n, "device": str(jax.devices()[0])}
-    for name, dtype in (("float32", jnp.float32), ("bfloat16", jnp.bfloat16)):
-        a = jnp.ones((n, n), dtype)
-        matmul = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
-        jax.block_until_ready(matmul(a, a))
-        times = sorted(_time(lambda a=a, f=matmul: f(a, a), 5))
-        result[f"{name}_gflops"] = 2 * n**3 / times[len(times) // 2] / 1e9
-    return result
-
-
-def print_peak(result: dict[str, Any]) -> None:
-    print(
-        f"\n### peak: {result['size']}x{result['size']} matmul on {result['device']}: "
-        f"float32 {result['float32_gflops']:.0f} GFLOP/s, "
-        f"bfloat16 {result['bfloat16_gflops']:.0f} GFLOP/s\n"
-    )
-
-
-SIZES = {
-    "tiny": {"d_model": 32, "num_heads": 2, "ffn_dim": 64, "layers": 1},  # for tests
-    "ted": {"d_model": 256, "num_heads": 4, "ffn_dim": 512, "layers": 4},
-    "base": {"d_model": 512, "num_heads": 8, "ffn_dim": 2048, "layers": 6},
-}
-
-
-def train_section(args: argparse.Namespace) -> dict[str, Any]:
-    import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
-
-    from docnmt_jax.models import build_task
-    from docnmt_jax.training import optim, trainer
-    from docnmt_jax.training.restore import dummy_batch
-
-    size = SIZES[args.size]
-    rows = max(1, args.batch_tokens // args.length)
-    batch = dummy_batch(1, args.length, rows=rows, vocab_size=args.vocab)
-    results = []
-    for name in args.models.split(","):
-        model_cfg = {
-            "name": name,
-            "d_model": size["d_model"],
-            "num_heads": size["num_heads"],
-            "ffn_dim": size["ffn_dim"],
-            "num_encoder_layers": size["layers"],
-            "num_decoder_layers": size["layers"],
-            "dtype": args.dtype,
-        }
-        task = build_task(model_cfg, args.vocab)
-        params = nn.meta.unbox(task.init(jax.random.PRNGKey(0), batch)["params"])
-        tx, schedule = optim.make_optimizer(size["d_model"], warmup_steps=4000)
-        train_step, _ = trainer.make_steps(task, tx, schedule, smoothing=0.1, seed=0)
-        state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
-        t0 = time.perf_counter()
-        compiled = train_step.lower(state, batch).compile()
-        compile_s = time.perf_counter() - t0
-        cost = compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, list) else cost
-        flops = float(cost.get("flops", 0.0))
-        for _ in range(2):  # warm-up
-            state, _ = compiled(state, batch)
-        jax.block_until_ready(state)
-        times = []
-        for _ in range(args.steps):
-            t = time.perf_counter()
-            state, metrics = compiled(state, batch)
-            jax.block_until_ready(metrics)
-            times.append(time.perf_counter() - t)
-        step_s = sorted(times)[len(times) // 2]
-        tokens = rows * args.length
-        results.append(
-            {
-                "model": name,
-                "batch": [rows, 1, args.length],
-                "target_tokens": tokens,
-                "compile_seconds": compile_s,
-                "step_seconds": step_s,
-                "tokens_per_s": tokens / step_s,
-                "xla_flops_per_step": flops,
-                "gflops_per_s": flops / step_s / 1e9,
-            }
-        )
-    return {"size": args.size, "dtype": args.dtype, "runs": results}
-
-
-def print_train(result: dict[str, Any], peak: dict[str, Any] | None = None) -> None:
-    print(f"\n### train: size {result['size']}, {result['dtype']}\n")
-    print("| model | batch | step ms | target tokens/s | GFLOP/step (XLA) | GFLOP/s | of peak |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    peak_gflops = (peak or {}).get(f"{result['dtype']}_gflops")
-    for r in result["runs"]:
-        share = f"{100 * r['gflops_per_s'] / peak_gflops:.0f}%" if peak_gflops else "n/a"
-        print(
-            f"| {r['model']} | {'x'.join(map(str, r['batch']))} | {1000 * r['step_seconds']:.0f} "
-            f"| {r['tokens_per_s']:,.0f} | {r['xla_flops_per_step'] / 1e9:.1f} "
-            f"| {r['gflops_per_s']:.1f} | {share} |"
-        )
+def print_profile(result: Results) -> None:
+    print("\n### profile traces (tensorboard --logdir DIR, Profile tab)\n")
+    print_table(["model", "trace directory"], list(result["traces"].items()))
 
 
 # ---------------------------------------------------------------------------------------------
 
 
-SECTIONS: dict[str, tuple[Section, Callable[[dict[str, Any]], None]]] = {
-    "pipeline": (pipeline_section, print_pipeline),
+SECTIONS: dict[str, tuple[Section, Callable[[Results], None]]] = {
     "peak": (peak_section, print_peak),
     "train": (train_section, print_train),
+    "decode": (decode_section, print_decode),
+    "growth": (growth_section, print_growth),
+    "pipeline": (pipeline_section, print_pipeline),
+    "profile": (profile_section, print_profile),
 }
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--sections", default="pipeline", help=f"comma-separated: {', '.join(SECTIONS)}")
+    p.add_argument(
+        "--sections",
+        help=f"comma-separated of {', '.join(SECTIONS)}; default: peak,train,decode,growth",
+    )
+    p.add_argument("--quick", action="store_true", help="tiny sizes, a few steps: seconds")
     p.add_argument("--json", help="write all results to this JSON file")
-    g = p.add_argument_group("peak and train")
-    g.add_argument("--peak-size", type=int, default=2048, help="matrix size of the peak test")
-    g.add_argument("--models", default="transformer", help="comma-separated model names")
-    g.add_argument("--size", default="ted", choices=sorted(SIZES), help="model size")
+    p.add_argument("--profile", help="write a jax.profiler trace per model under this directory")
+    g = p.add_argument_group("models and batches (defaults: full run / --quick)")
+    g.add_argument(
+        "--models",
+        default="auto",
+        help="comma-separated; auto: transformer, final (and doc2doc once it exists)",
+    )
+    g.add_argument("--size", choices=sorted(SIZES), help="ted / tiny")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    g.add_argument("--length", type=int, default=32, help="tokens per sentence in train batches")
-    g.add_argument("--vocab", type=int, default=8000, help="vocabulary size")
-    g.add_argument("--steps", type=int, default=10, help="timed train steps (median reported)")
+    g.add_argument("--chunks", type=int, help="chunks (rows) per batch: 8 / 2")
+    g.add_argument("--sentences", type=int, help="sentences per chunk: 8 / 3")
+    g.add_argument("--length", type=int, help="tokens per sentence, source and target: 32 / 6")
+    g.add_argument("--vocab", type=int, help="vocabulary size: 8000 / 64")
+    g.add_argument("--steps", type=int, help="timed train steps, median reported: 10 / 2")
+    g.add_argument("--warmup", type=int, help="untimed train steps after compiling: 2 / 1")
+    g.add_argument("--peak-size", type=int, help="matmul size of the peak; 0: auto / 256")
+    g.add_argument("--beam", type=int, default=5, help="beam size (greedy is always run too)")
+    g.add_argument("--decode-len", type=int, help="tokens per decoded sentence: 32 / 4")
+    g.add_argument("--decode-repeats", type=int, help="timed decode calls: 3 / 1")
+    g = p.add_argument_group("growth")
+    g.add_argument("--growth-models", default="transformer,final", help="comma-separated")
+    g.add_argument("--growth-chunks", type=int, help="chunks per batch: 2 / 2")
+    g.add_argument("--growth-sentences", help="sentences per chunk: 1,5,10,20,40 / 1,3")
+    g.add_argument("--growth-lengths", help="tokens per sentence: 16,32,64,128 / 6,12")
+    g.add_argument("--growth-steps", type=int, help="timed steps per point: 3 / 1")
     g = p.add_argument_group("pipeline")
     g.add_argument("--tsv", default="data/bible/train.tsv", help="TSV corpus of documents")
     g.add_argument("--spm", help="SentencePiece model; default: whitespace word-level encoder")
@@ -284,26 +854,43 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--max-len", type=int, default=128, help="max tokens per sentence (+EOS)")
     g.add_argument("--batch-tokens", type=int, default=2048, help="padded slots per side")
     args = p.parse_args(argv)
-    unknown = set(args.sections.split(",")) - set(SECTIONS)
+    for key, value in PRESETS["quick" if args.quick else "full"].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    sections = [s for s in args.sections.split(",") if s]
+    if args.profile and "profile" not in sections:
+        sections.append("profile")
+    args.sections = ",".join(sections)
+    unknown = set(sections) - set(SECTIONS)
     if unknown:
         p.error(f"unknown sections {sorted(unknown)}; known: {sorted(SECTIONS)}")
+    if "profile" in sections and not args.profile:
+        p.error("the profile section needs --profile DIR")
     if set(args.modes.split(",")) - {"document", "sentence"}:
         p.error("--modes takes document and/or sentence")
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    results: dict[str, Any] = {
-        "host": {"python": platform.python_version(), "cpus": os.cpu_count()},
+def host_info() -> Results:
+    import jax
+
+    device = jax.devices()[0]
+    return {
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "cpus": os.cpu_count(),
+        "device": str(device),
+        "device_kind": device.device_kind,
     }
-    for name in args.sections.split(","):
+
+
+def main(argv: Sequence[str] | None = None) -> Results:
+    args = parse_args(argv)
+    results: Results = {"host": host_info(), "args": vars(args)}
+    for name in filter(None, args.sections.split(",")):
         run, show = SECTIONS[name]
-        results[name] = run(args)
-        if name == "train":
-            show(results[name], results.get("peak"))
-        else:
-            show(results[name])
+        results[name] = run(args, results)
+        show(results[name])
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w", encoding="utf-8") as f:

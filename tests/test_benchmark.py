@@ -1,13 +1,140 @@
-"""The benchmark harness runs end to end at a tiny size and its numbers are sane."""
+"""The benchmark harness runs end to end at its --quick size and its numbers are sane.
 
+Each test runs a few sections of ``launch/benchmark.py --quick`` in a subprocess whose XLA
+skips the expensive LLVM passes (compile time dominates at this size; the numbers checked here
+do not depend on it); ``test_quick_run_as_a_whole`` (slow) runs everything as a user would.
+"""
+
+import json
+import math
 import os
+import subprocess
+import sys
 
+import pytest
 from conftest import ROOT
 
+from docnmt_jax import flops
+from docnmt_jax.models import build_task
 from docnmt_jax.training.restore import dummy_batch
 
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+QUICK_SHAPE = flops.BatchShape(chunks=2, sentences=3, src_len=6, tgt_len=6)  # --quick batch
+QUICK_SIZE = dict(d_model=32, num_heads=2, ffn_dim=64, num_encoder_layers=1, num_decoder_layers=1)
 
-def _benchmark():
+
+def _run(tmp_path, *argv, fast=True):
+    """``benchmark.py --quick ARGV --json FILE``: (results, stdout)."""
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, XLA_FLAGS=FAST_COMPILE) if fast else dict(os.environ)
+    script = os.path.join(ROOT, "launch", "benchmark.py")
+    proc = subprocess.run(
+        [sys.executable, script, "--quick", *argv, f"--json={out}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+def _positive(*values):
+    return all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values)
+
+
+def _quick_train_flops(name):
+    return flops.train_flops(build_task(dict(QUICK_SIZE, name=name), 64).config, QUICK_SHAPE)
+
+
+def _check_train(result, models):
+    assert _positive(result["peak"]["float32_gflops"], result["peak"]["bfloat16_gflops"])
+    runs = {r["model"]: r for r in result["train"]["runs"]}
+    assert sorted(runs) == sorted(models) and result["train"]["baseline"] == "transformer"
+    for name, r in runs.items():
+        assert r["batch"] == [2, 3, 6] and r["target_tokens"] == 36
+        assert r["flops_per_step"] == _quick_train_flops(name)
+        assert _positive(r["step_seconds"], r["compile_seconds"], r["tokens_per_s"], r["mfu"])
+        assert _positive(r["xla_flops_per_step"], r["tokens_per_s_ratio"])
+        assert _positive(r["memory_bytes"]["total"], r["memory_bytes"]["temp"])
+        # Backward = 2x forward, less where an operand needs no gradient (FINAL's memory).
+        assert 0.9 < r["jaxpr_over_analytic"] <= 1.0
+        assert 1.0 < r["xla_over_analytic"] < 1.5  # XLA also counts softmax, norms, Adam
+    assert runs["transformer"]["tokens_per_s_ratio"] == 1.0
+
+
+def test_quick_peak_and_train(tmp_path):
+    result, stdout = _run(tmp_path, "--sections=peak,train", "--models=transformer,final")
+    _check_train(result, ["transformer", "final"])
+    assert "| final | 2x3x6 |" in stdout and "MFU" in stdout
+
+
+def _check_decode(result, models):
+    runs = result["decode"]["runs"]
+    assert {(r["model"], r["search"]) for r in runs} == {
+        (m, s) for m in models for s in ("beam 5", "greedy")
+    }
+    for r in runs:
+        assert r["sentences"] == 6 and r["output_tokens"] == 6 * 4
+        assert r["compilations"] == 1  # one per search, none while timing
+        assert _positive(r["seconds"], r["sentences_per_s"], r["tokens_per_s"])
+        assert _positive(r["sentences_per_s_ratio"])
+        if r["model"] in ("transformer", "final"):  # fixed length: every sentence 4 tokens
+            assert r["mean_output_len"] == 4.0
+
+
+def test_quick_decode(tmp_path):
+    result, stdout = _run(tmp_path, "--sections=decode", "--models=transformer,final")
+    _check_decode(result, ["transformer", "final"])
+    assert "| final | greedy | 6 |" in stdout
+
+
+def _check_growth(result, models):
+    sweeps, slopes = result["growth"]["sweeps"], result["growth"]["slopes"]
+    assert [p["sentences"] for p in sweeps["sentences"][models[0]]] == [1, 3]
+    assert [p["length"] for p in sweeps["length"][models[0]]] == [6, 12]
+    for name in models:
+        for axis in ("sentences", "length"):
+            assert all(_positive(p["step_seconds"]) for p in sweeps[axis][name])
+            assert math.isfinite(slopes[axis][name]["time"])
+    if "transformer" in models:  # the sentence model is linear in S
+        assert slopes["sentences"]["transformer"]["flops"] == pytest.approx(1.0)
+
+
+def test_quick_growth_reuses_the_train_point(tmp_path):
+    result, stdout = _run(
+        tmp_path, "--sections=train,growth", "--models=transformer", "--growth-models=transformer"
+    )
+    _check_growth(result, ["transformer"])
+    point = result["growth"]["sweeps"]["sentences"]["transformer"][1]
+    assert point["step_seconds"] == result["train"]["runs"][0]["step_seconds"]
+    assert "fitted log-log slopes" in stdout
+
+
+def test_quick_profile_writes_traces(tmp_path):
+    trace_dir = tmp_path / "trace"
+    result, _ = _run(
+        tmp_path, "--sections=profile", f"--profile={trace_dir}", "--models=transformer"
+    )
+    assert list(result["profile"]["traces"]) == ["transformer"]
+    files = [f for _, _, fs in os.walk(trace_dir / "transformer") for f in fs]
+    assert any(f.endswith(".xplane.pb") for f in files)
+
+
+@pytest.mark.slow
+def test_quick_run_as_a_whole(tmp_path):
+    """``python launch/benchmark.py --quick --json FILE``, every default section and model."""
+    result, stdout = _run(tmp_path, fast=False)
+    models = [r["model"] for r in result["train"]["runs"]]
+    assert models[:2] == ["transformer", "final"]
+    _check_train(result, models)
+    _check_decode(result, models)
+    _check_growth(result, ["transformer", "final"])
+    assert stdout.count("\n| ") > 10
+
+
+def test_pipeline_section(synthetic_dir, tmp_path):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -15,33 +142,9 @@ def _benchmark():
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
-
-
-def test_benchmark_sections_run_and_are_sane(synthetic_dir, tmp_path):
-    out = tmp_path / "bench.json"
-    results = _benchmark().main(
-        [
-            "--sections=peak,train,pipeline",
-            "--peak-size=256",
-            "--size=tiny",
-            "--length=8",
-            "--batch-tokens=256",
-            "--vocab=100",
-            "--steps=2",
-            f"--tsv={os.path.join(synthetic_dir, 'train.tsv')}",
-            "--num-batches=5",
-            f"--json={out}",
-        ]
-    )
-    assert out.exists()
-    assert results["peak"]["float32_gflops"] > 0
-    run = results["train"]["runs"][0]
-    assert run["step_seconds"] > 0 and run["tokens_per_s"] > 0
-    # 256 budget / 8 tokens = 32 sentences of 8 target tokens.
-    assert run["batch"] == [32, 1, 8] and run["target_tokens"] == 256
-    assert run["xla_flops_per_step"] > 0
-    for r in results["pipeline"]["runs"]:
+    tsv = os.path.join(synthetic_dir, "train.tsv")
+    result = module.main(["--sections=pipeline", f"--tsv={tsv}", "--num-batches=5"])
+    for r in result["pipeline"]["runs"]:
         assert r["batches"] == 5 and 0.0 <= r["padding_fraction"] < 1.0
 
 

@@ -1,0 +1,233 @@
+"""Analytic FLOP counts of the models' matrix multiplies, per batch (for MFU).
+
+A product of an ``[m, k]`` and a ``[k, n]`` matrix costs ``2·m·n·k`` FLOPs (one multiply, one
+add). Only matrix multiplies are counted: embedding lookups (gathers), softmax, LayerNorm,
+masks, biases and the optimiser are left out, so XLA's ``cost_analysis()`` (which counts every
+op) is somewhat higher. A training step is ``TRAIN_FACTOR = 3`` forward passes: the backward
+pass computes two products per forward product (input gradient and weight gradient). The few
+products with a constant operand (stop-gradient memory, sinusoid table, one-hot) need only one
+of the two, so the true backward of FINAL is slightly cheaper than 2x: counting the traced
+step's matrix multiplies (:func:`jaxpr_dot_flops`) gives exactly 3x forward for the sentence
+Transformer and Doc2Doc, 0.97-0.98 x 3x forward for FINAL.
+
+Notation: a batch of ``B`` chunks of ``S`` sentences, ``Ts`` source and ``Tt`` target tokens
+per sentence; ``N = B·S`` sentence rows; ``D`` model, ``F`` feed-forward, ``H`` heads, ``V``
+vocabulary; ``R2 = 2·max_relative_distance + 1``. Attention terms are summed over heads
+(``H`` heads of ``D/H`` = one ``D``-wide product). Padding costs as much as real tokens.
+
+Sentence Transformer, per sentence row (``N`` rows)::
+
+  encoder layer    projections  4 · 2·Ts·D²            Q, K, V, output
+                   attention    2 · 2·Ts²·D            Q·K^T, weights·V
+                   ffn          2 · 2·Ts·D·F
+  decoder layer    self proj    4 · 2·Tt·D²
+                   self attn    2 · 2·Tt²·D            (causal mask: full square computed)
+                   cross proj   2 · 2·Tt·D² + 2 · 2·Ts·D²     Q, out on targets; K, V on source
+                   cross attn   2 · 2·Tt·Ts·D
+                   ffn          2 · 2·Tt·D·F
+  output softmax   2·Tt·D·V                            (tied embedding)
+
+FINAL (Zheng et al. 2020) adds or replaces::
+
+  local encoder layers (Le - 1; Le without the global layer): as above on N rows of Ts
+                   (doc2sent: on B rows of L = S·Ts tokens)
+  global layer, per chunk (B rows of L = S·Ts tokens)
+                   projections  4 · 2·L·D²
+                   attention    2 · 2·L²·D
+                   segment rel  2·L·R2·D               q·γ^K per distance
+                                + 2·L·R2·D             attention mass per distance · γ^V
+                                + 2 · 2·L·S·R2·H       one-hot spread of q·γ^K to sentence
+                                                       pairs, and of the mass back to distances
+                   gate         2·L·(2D)·D             W_g [h^L; h^G]
+                   ffn          2 · 2·L·D·F
+  XL decoder layer, per sentence row, memory Tm = Tt (the previous sentence)
+                   memory kv    2 · 2·Tm·D²            K, V of the memory
+                   self proj    4 · 2·Tt·D²
+                   self attn    3 · 2·Tt·(Tt+Tm)·D     (q+u)·K^T, (q+v)·(W_R R)^T, weights·V
+                   position     2·(Tt+Tm)·D²           W_R R, once per layer (not per row)
+                   cross, ffn   as the sentence decoder
+  output softmax   2·Tt·D·V per sentence row
+
+Doc2Doc (``models/concat.py``, when present): the sentence Transformer on ``B`` rows of
+``S·Ts`` source and ``S·Tt`` target tokens (each chunk packed into one sequence), so its
+attention terms grow with ``(S·T)²``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+from jax.extend.core import ClosedJaxpr, Jaxpr, jaxprs_in_params
+
+from docnmt_jax.models.final import FinalConfig
+from docnmt_jax.models.transformer import TransformerConfig
+
+TRAIN_FACTOR = 3  # forward + backward (input and weight gradients)
+
+Terms = dict[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchShape:
+    """``chunks`` x ``sentences`` x (``src_len`` | ``tgt_len``) tokens."""
+
+    chunks: int
+    sentences: int
+    src_len: int
+    tgt_len: int
+
+    @property
+    def rows(self) -> int:
+        """Sentence rows ``N = B·S``."""
+        return self.chunks * self.sentences
+
+
+def encoder_layer(rows: int, T: int, D: int, F: int) -> Terms:
+    """A self-attention + FFN layer over ``rows`` sequences of ``T`` tokens."""
+    return {
+        "projections": rows * 4 * 2 * T * D * D,
+        "attention": rows * 2 * 2 * T * T * D,
+        "ffn": rows * 2 * 2 * T * D * F,
+    }
+
+
+def cross_attention(rows: int, Tt: int, Ts: int, D: int, F: int) -> Terms:
+    """Cross-attention to ``Ts`` source tokens and the FFN of a decoder layer."""
+    return {
+        "cross_projections": rows * (2 * 2 * Tt * D * D + 2 * 2 * Ts * D * D),
+        "cross_attention": rows * 2 * 2 * Tt * Ts * D,
+        "ffn": rows * 2 * 2 * Tt * D * F,
+    }
+
+
+def decoder_layer(rows: int, Tt: int, Ts: int, D: int, F: int) -> Terms:
+    """The sentence Transformer's decoder layer (masked self-attention, cross, FFN)."""
+    terms = {
+        "self_projections": rows * 4 * 2 * Tt * D * D,
+        "self_attention": rows * 2 * 2 * Tt * Tt * D,
+    }
+    return terms | cross_attention(rows, Tt, Ts, D, F)
+
+
+def xl_decoder_layer(rows: int, Tt: int, Tm: int, Ts: int, D: int, F: int) -> Terms:
+    """FINAL's Transformer-XL decoder layer with a memory of ``Tm`` tokens."""
+    terms = {
+        "memory_kv": rows * 2 * 2 * Tm * D * D,
+        "self_projections": rows * 4 * 2 * Tt * D * D,
+        "self_attention": rows * 3 * 2 * Tt * (Tt + Tm) * D,
+        "position": 2 * (Tt + Tm) * D * D,
+    }
+    return terms | cross_attention(rows, Tt, Ts, D, F)
+
+
+def global_layer(chunks: int, S: int, Ts: int, config: FinalConfig) -> Terms:
+    """FINAL's global context layer over chunks of ``L = S·Ts`` tokens."""
+    D, F, H = config.d_model, config.ffn_dim, config.num_heads
+    L, R2 = S * Ts, 2 * config.max_relative_distance + 1
+    terms = {
+        "projections": chunks * 4 * 2 * L * D * D,
+        "attention": chunks * 2 * 2 * L * L * D,
+        "segment_relative": chunks * (2 * 2 * L * R2 * D + 2 * 2 * L * S * R2 * H),
+        "ffn": chunks * 2 * 2 * L * D * F,
+    }
+    if config.context_fusion_gate:
+        terms["gate"] = chunks * 2 * L * 2 * D * D
+    return terms
+
+
+def _add(total: Terms, prefix: str, terms: Terms, times: int = 1) -> None:
+    for name, flops in terms.items():
+        key = f"{prefix}.{name}"
+        total[key] = total.get(key, 0) + times * flops
+
+
+def transformer_terms(config: TransformerConfig, shape: BatchShape) -> Terms:
+    """Forward FLOPs of the sentence Transformer on the ``N`` sentences of ``shape``."""
+    D, F, N = config.d_model, config.ffn_dim, shape.rows
+    Ts, Tt = shape.src_len, shape.tgt_len
+    total: Terms = {}
+    _add(total, "encoder", encoder_layer(N, Ts, D, F), config.num_encoder_layers)
+    _add(total, "decoder", decoder_layer(N, Tt, Ts, D, F), config.num_decoder_layers)
+    total["output"] = N * 2 * Tt * D * config.vocab_size
+    return total
+
+
+def final_terms(config: FinalConfig, shape: BatchShape) -> Terms:
+    """Forward FLOPs of FINAL (any Table 3 switch setting) on ``shape``'s chunks."""
+    D, F, N = config.d_model, config.ffn_dim, shape.rows
+    B, S, Ts, Tt = shape.chunks, shape.sentences, shape.src_len, shape.tgt_len
+    total: Terms = {}
+    local = config.num_encoder_layers - int(config.segment_relative_attention)
+    rows, T = (B, S * Ts) if config.doc2sent else (N, Ts)
+    _add(total, "encoder", encoder_layer(rows, T, D, F), local)
+    if config.segment_relative_attention:
+        _add(total, "global", global_layer(B, S, Ts, config))
+    if config.xl_decoder:
+        layer = xl_decoder_layer(N, Tt, Tt, Ts, D, F)
+    else:
+        layer = decoder_layer(N, Tt, Ts, D, F)
+    _add(total, "decoder", layer, config.num_decoder_layers)
+    total["output"] = N * 2 * Tt * D * config.vocab_size
+    return total
+
+
+def doc2doc_terms(config: TransformerConfig, shape: BatchShape) -> Terms:
+    """Doc2Doc: the sentence Transformer over each chunk packed into one row of ``S·T``."""
+    B, S = shape.chunks, shape.sentences
+    return transformer_terms(config, BatchShape(B, 1, S * shape.src_len, S * shape.tgt_len))
+
+
+COUNTERS: dict[type, Callable[[Any, BatchShape], Terms]] = {
+    TransformerConfig: transformer_terms,
+    FinalConfig: final_terms,
+}
+try:  # the Doc2Doc baseline (models/concat.py), when present
+    from docnmt_jax.models.concat import Doc2DocConfig
+
+    COUNTERS[Doc2DocConfig] = doc2doc_terms
+except ImportError:  # pragma: no cover
+    pass
+
+
+def supported(config: Any) -> bool:
+    """Whether the model of ``config`` (its exact config class) has an analytic count."""
+    return type(config) in COUNTERS
+
+
+def forward_terms(config: Any, shape: BatchShape) -> Terms:
+    """Forward FLOPs per named term (``encoder.attention``, ``global.gate``, ``output``, ...)."""
+    if not supported(config):
+        raise NotImplementedError(f"no analytic FLOP count for {type(config).__name__}")
+    return COUNTERS[type(config)](config, shape)
+
+
+def forward_flops(config: Any, shape: BatchShape) -> int:
+    """Forward FLOPs of one batch of ``shape``."""
+    return sum(forward_terms(config, shape).values())
+
+
+def train_flops(config: Any, shape: BatchShape) -> int:
+    """FLOPs of one training step (forward and backward) on a batch of ``shape``."""
+    return TRAIN_FACTOR * forward_flops(config, shape)
+
+
+def jaxpr_dot_flops(jaxpr: Jaxpr | ClosedJaxpr) -> int:
+    """Exact FLOPs of the ``dot_general`` ops of a traced program (e.g. ``jit(f).trace(...)
+    .jaxpr``): ``2 · size(lhs) · size(rhs free dims)`` each, sub-programs included (``scan``
+    bodies ``length`` times, ``while`` bodies once). An independent check of the analytic
+    count, and the exact matmul cost of a training step's backward pass."""
+    jaxpr = jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
+    total = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (_, rhs_contract), (_, rhs_batch) = eqn.params["dimension_numbers"]
+            lhs, rhs = (v.aval.shape for v in eqn.invars)
+            bound = set(rhs_contract) | set(rhs_batch)
+            free = [d for i, d in enumerate(rhs) if i not in bound]
+            total += 2 * math.prod(lhs) * math.prod(free)
+        times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+        total += sum(times * jaxpr_dot_flops(sub) for sub in jaxprs_in_params(eqn.params))
+    return total
