@@ -506,10 +506,14 @@ def decode_run(
 
 
 def decode_section(args: argparse.Namespace, results: Results) -> Results:
-    batch = make_batch(args, args.chunks, args.sentences, args.length)
     runs = []
     for name in model_names(args):
         task = build(name, args, args.sentences)
+        # As the Translator does: a task that searches a chunk's sentences one after another
+        # gets S times more chunks, so every search step has as many rows as the sentence
+        # model's (the same token budget per row).
+        chunks = args.chunks * (args.sentences if getattr(task, "sequential_sentences", 0) else 1)
+        batch = make_batch(args, chunks, args.sentences, args.length)
         params = never_eos(init_params(task, batch))
         for beam in sorted({args.beam, 1}, reverse=True):
             runs.append(decode_run(name, task, params, batch, beam, args))

@@ -19,13 +19,17 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 import ml_collections  # noqa: E402
 
 from docnmt_jax.config_files import load_config  # noqa: E402
 from docnmt_jax.data import synthetic  # noqa: E402
+from docnmt_jax.data.tokenizer import load_tokenizer  # noqa: E402
 from docnmt_jax.decoding.translator import SearchConfig  # noqa: E402
+from docnmt_jax.evaluation import contrastive  # noqa: E402
+from docnmt_jax.models import build_task  # noqa: E402
 from docnmt_jax.training import restore, trainer  # noqa: E402
 
 # Settings a tiny model learns the task with in a few CPU minutes (see tests/test_context_proof).
@@ -36,7 +40,9 @@ TINY = dict(
     num_encoder_layers=2,
     num_decoder_layers=2,
     dropout_rate=0.0,
-    vocab_size=300,
+    # 0: word-level pieces (synthetic.word_level_vocab_size). With byte fallback 256 pieces are
+    # bytes; a smaller vocabulary splits words into letters and learning takes many more steps.
+    vocab_size=0,
     batch_tokens=2048,
     num_steps=1500,
     warmup_steps=300,
@@ -77,15 +83,19 @@ def proof_config(
                 config.model.relu_dropout_rate = 0.0
             config.model[key] = value
         elif key == "vocab_size":
-            config.data.vocab_size = value
+            config.data.vocab_size = value or synthetic.word_level_vocab_size(
+                trainer.load_documents(config.data, "train")
+            )
         elif key == "batch_tokens":
             config.data.batch_src_tokens = value
             config.data.batch_tgt_tokens = value
             config.data.eval_batch_tokens = 2 * value
         elif key == "num_steps":
             config.train.num_steps = value
-            config.train.eval_every = value
+            config.train.eval_every = overrides.get("eval_every") or value
             config.train.checkpoint_every = value
+        elif key == "eval_every":
+            config.train.eval_every = value
         elif key in config.train:
             config.train[key] = value
         else:
@@ -124,6 +134,40 @@ def candidate_accuracy(
     }
 
 
+def contrastive_hook(
+    config: ml_collections.ConfigDict, workdir: str, split: str = "dev"
+) -> trainer.EvalHook:
+    """Eval hook: :func:`contrastive.contrastive_accuracy` on ``split`` (``ctx_acc`` overall,
+    ``ctx_acc_dN`` per distance), so a run shows when the model starts to use the context."""
+    data_dir = config.data.data_dir
+    docs = trainer.load_documents(config.data, split)
+    labels = synthetic.read_labels(os.path.join(data_dir, f"{split}.labels.jsonl"))
+    state: dict[str, Any] = {}
+
+    def hook(params: Any, step: int) -> dict[str, float]:
+        if not state:  # the tokenizer exists once training has started
+            tokenizer = config.data.tokenizer or os.path.join(workdir, "spm.model")
+            state["tokenizer"] = load_tokenizer(tokenizer)
+            state["task"] = build_task(config.model, state["tokenizer"].vocab_size)
+            state["scorer"] = contrastive.make_sentence_scorer(state["task"])
+        result = contrastive.contrastive_accuracy(
+            state["task"],
+            params,
+            state["tokenizer"],
+            docs,
+            labels,
+            config.data.max_sentences,
+            scorer=state["scorer"],
+        )
+        metrics = {"ctx_acc": result["accuracy"]}
+        for ph, b in result["by_phenomenon"].items():
+            metrics[f"ctx_acc_{ph}"] = b["accuracy"]
+        metrics.update({f"ctx_acc_d{d}": b["accuracy"] for d, b in result["by_distance"].items()})
+        return metrics
+
+    return hook
+
+
 def score(workdir: str, data_dir: str, batch_tokens: int = 4096) -> dict[str, Any]:
     """Greedy translation of ``data_dir``'s test split by the latest checkpoint of ``workdir``,
     scored by :func:`synthetic.context_accuracy` plus ``candidate`` (:func:`candidate_accuracy`)."""
@@ -139,12 +183,28 @@ def score(workdir: str, data_dir: str, batch_tokens: int = 4096) -> dict[str, An
     return scores
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-    """Trains ``config`` in ``workdir`` and scores the greedy translation of the test split."""
+def run(
+    config: ml_collections.ConfigDict, workdir: str, contrastive_split: str = "test"
+) -> dict[str, Any]:
+    """Trains ``config`` in ``workdir``, scores the greedy translation of the test split and
+    the forced choice (``contrastive``) on ``contrastive_split``."""
     start = time.monotonic()
     result = trainer.train_and_evaluate(config, workdir)
     train_s = time.monotonic() - start
     scores = score(workdir, config.data.data_dir, config.data.eval_batch_tokens)
+    task, params = _task_and_params(workdir)
+    docs = trainer.load_documents(config.data, contrastive_split)
+    labels = synthetic.read_labels(
+        os.path.join(config.data.data_dir, f"{contrastive_split}.labels.jsonl")
+    )
+    scores["contrastive"] = contrastive.contrastive_accuracy(
+        task,
+        params,
+        restore.load_run_tokenizer(config, workdir),
+        docs,
+        labels,
+        config.data.max_sentences,
+    )
     scores["train_seconds"] = train_s
     scores["total_seconds"] = time.monotonic() - start
     scores["dev"] = result.dev_metrics
@@ -152,28 +212,39 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     return scores
 
 
+def _task_and_params(workdir: str) -> tuple[Any, Any]:
+    config = restore.load_config(workdir)
+    tokenizer = restore.load_run_tokenizer(config, workdir)
+    task = build_task(config.model, tokenizer.vocab_size)
+    params, _ = restore.load_params(task, workdir, "latest")
+    return task, params
+
+
 def markdown(scores: dict[str, Any], name: str = "model") -> str:
-    """Overall, per-phenomenon and per-distance accuracy as markdown."""
-    cand = scores["candidate"]
+    """Overall, per-phenomenon and per-distance accuracy as markdown: the greedy translation
+    (the labelled word of the output) and the teacher-forced forced choice."""
+    forced = scores["contrastive"]
     lines = [
-        f"**{name}**: accuracy {scores['accuracy']:.4f} ({scores['correct']}/{scores['total']}, "
-        f"{scores['missing']} missing), accuracy among produced candidate forms "
-        f"{cand['accuracy']:.4f} ({cand['correct']}/{cand['total']}), chance "
-        f"{scores['chance_level']:.4f}; train {scores.get('train_seconds', 0):.0f} s, "
+        f"**{name}** (step {scores.get('step', '?')}): translation accuracy "
+        f"{scores['accuracy']:.4f} ({scores['correct']}/{scores['total']}, {scores['missing']} "
+        f"missing), forced choice {forced['accuracy']:.4f} "
+        f"({forced['correct']}/{forced['total']}), chance {scores['chance_level']:.4f}; "
+        f"train {scores.get('train_seconds', 0):.0f} s, "
         f"total {scores.get('total_seconds', 0):.0f} s",
         "",
-        "| distance | accuracy | correct/total | candidate accuracy | correct/total |",
+        "| distance | translation accuracy | correct/total | forced choice | correct/total |",
         "|---:|---:|---:|---:|---:|",
     ]
     empty = {"accuracy": 0.0, "correct": 0, "total": 0}
-    for d, b in scores["by_distance"].items():
-        c = cand["by_distance"].get(d, empty)
+    rows = [(d, b, forced["by_distance"].get(d, empty)) for d, b in scores["by_distance"].items()]
+    rows += [
+        (ph, b, forced["by_phenomenon"].get(ph, empty)) for ph, b in scores["by_phenomenon"].items()
+    ]
+    for key, b, c in rows:
         lines.append(
-            f"| {d} | {b['accuracy']:.4f} | {b['correct']}/{b['total']} | "
+            f"| {key} | {b['accuracy']:.4f} | {b['correct']}/{b['total']} | "
             f"{c['accuracy']:.4f} | {c['correct']}/{c['total']} |"
         )
-    for ph, b in scores["by_phenomenon"].items():
-        lines.append(f"| {ph} | {b['accuracy']:.4f} | {b['correct']}/{b['total']} | | |")
     return "\n".join(lines)
 
 

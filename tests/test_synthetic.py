@@ -353,3 +353,17 @@ def test_chance_level_and_blind_baseline(corpus):
         assert changed == n - res["correct"]
     with pytest.raises(ValueError):
         context_blind_hypotheses(docs, labels, strategy="oracle")
+
+
+def test_word_level_vocab_size_is_the_largest_and_keeps_words_mostly_whole(tmp_path):
+    from docnmt_jax.data.synthetic import word_level_vocab_size
+    from docnmt_jax.data.tokenizer import train_tokenizer
+
+    docs = generate(SyntheticConfig(num_documents=400, seed=3), "train")[0]
+    size = word_level_vocab_size(docs)
+    tokenizer = train_tokenizer(docs, str(tmp_path / "w.model"), vocab_size=size)
+    words = sorted({w for d in docs for s in d.src + d.tgt for w in s.split()})
+    whole = sum(len(tokenizer.encode(w)) == 1 for w in words)
+    assert whole >= 0.9 * len(words), (whole, len(words))
+    with pytest.raises(ValueError, match="too large"):
+        train_tokenizer(docs, str(tmp_path / "x.model"), vocab_size=size + 1)

@@ -471,6 +471,16 @@ def _bucket(correct: int, total: int) -> dict[str, float | int]:
     return {"accuracy": correct / total if total else 0.0, "correct": correct, "total": total}
 
 
+def word_level_vocab_size(documents: Sequence[Document]) -> int:
+    """The largest sentencepiece vocabulary (byte fallback) for ``documents``: 256 bytes + 4
+    specials + the characters + the word-boundary piece + the words. At this size (nearly)
+    every word is one piece; a smaller one splits words into letters, which makes the
+    synthetic task much slower to learn."""
+    words = {w for doc in documents for text in doc.src + doc.tgt for w in text.split()}
+    chars = {c for w in words for c in w}
+    return 256 + 4 + len(chars) + 1 + len(words)
+
+
 def context_accuracy(
     hypotheses: Mapping[str, Sequence[str]], labels: Sequence[ContextLabel]
 ) -> dict[str, Any]:

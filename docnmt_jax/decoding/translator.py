@@ -107,6 +107,11 @@ class Translator:
         self.params = params
         self.tokenizer = tokenizer
         self.search = search
+        # A task that searches the sentences of a chunk one after another (FINAL's memory)
+        # decodes only one sentence per chunk at a time: give it S times more chunks, so each
+        # search step works on as many rows as a sentence model's.
+        if getattr(task, "sequential_sentences", False):
+            batch_tokens *= max_sentences
         self.pipeline_config = pipeline_lib.PipelineConfig(
             max_sentences=max_sentences,
             max_src_len=max_src_len,

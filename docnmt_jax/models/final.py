@@ -669,6 +669,8 @@ class FinalTask:
 
     def __init__(self, config: FinalConfig):
         self.config = config
+        # With the XL decoder, translate_batch searches the sentences of a chunk in order.
+        self.sequential_sentences = config.xl_decoder
         self.train_module = Final(dataclasses.replace(config, deterministic=False))
         self.eval_module = Final(dataclasses.replace(config, deterministic=True))
 

@@ -1,0 +1,191 @@
+"""Contrastive (forced-choice) scoring of context-dependent words, teacher-forced.
+
+For every labelled target word (:class:`~docnmt_jax.data.synthetic.ContextLabel`) the
+reference document is scored once per candidate form: the labelled sentence with the word
+replaced by the candidate, every other sentence as in the reference. The model "chooses" the
+candidate whose sentence gets the highest log-probability. Unlike scoring a translation, an
+error elsewhere in the sentence cannot hide what the model knows about the context, and no
+search is involved, so it is cheap enough to run during training. A model that sees only the
+labelled sentence is at chance: the class or topic is drawn independently of that sentence.
+
+Document models see the chunk holding the labelled sentence (sentences ``[c*S, (c+1)*S)``);
+sentence models (``task.sentence_level``) see the sentence alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from docnmt_jax.data.documents import Document
+from docnmt_jax.data.synthetic import ContextLabel
+from docnmt_jax.data.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class ContrastiveItem:
+    """One variant: a chunk's sources and targets, the scored sentence ``segment`` (index
+    inside the chunk) and which label/candidate it stands for."""
+
+    label: int
+    candidate: int
+    src: tuple[list[int], ...]
+    tgt: tuple[list[int], ...]
+    segment: int
+
+
+def _variant(sentence: str, index: int, word: str) -> str:
+    tokens = sentence.split()
+    if not 0 <= index < len(tokens):
+        raise ValueError(f"token index {index} outside the sentence {sentence!r}")
+    tokens[index] = word
+    return " ".join(tokens)
+
+
+def make_items(
+    documents: Sequence[Document],
+    labels: Sequence[ContextLabel],
+    tokenizer: Tokenizer,
+    max_sentences: int,
+    sentence_level: bool,
+) -> list[ContrastiveItem]:
+    """The variants of every label (candidates in :attr:`ContextLabel.candidates` order)."""
+    by_id = {d.doc_id: d for d in documents}
+    items = []
+    for n, lb in enumerate(labels):
+        if lb.doc_id not in by_id:
+            raise KeyError(f"label {n}: document {lb.doc_id!r} is not in the corpus")
+        doc = by_id[lb.doc_id]
+        if sentence_level:
+            lo, hi = lb.segment, lb.segment + 1
+        else:
+            lo = (lb.segment // max_sentences) * max_sentences
+            hi = min(lo + max_sentences, len(doc.src))
+        src = tuple(tokenizer.encode_batch(doc.src[lo:hi]))
+        for c, word in enumerate(lb.candidates):
+            tgt_text = list(doc.tgt[lo:hi])
+            tgt_text[lb.segment - lo] = _variant(tgt_text[lb.segment - lo], lb.token_index, word)
+            tgt = tuple(ids + [tokenizer.eos_id] for ids in tokenizer.encode_batch(tgt_text))
+            src_eos = tuple(ids + [tokenizer.eos_id] for ids in src)
+            items.append(ContrastiveItem(n, c, src_eos, tgt, lb.segment - lo))
+    return items
+
+
+def grid_batch(
+    items: Sequence[ContrastiveItem], rows: int, sentences: int, length: int
+) -> dict[str, np.ndarray]:
+    """Pipeline-format batch ``[rows, sentences, length]`` of ``items`` (padding rows after)."""
+    shape = (rows, sentences, length)
+    tokens = {side: np.zeros(shape, np.int32) for side in ("src", "tgt")}
+    for r, item in enumerate(items):
+        for side in ("src", "tgt"):
+            for k, ids in enumerate(getattr(item, side)):
+                if len(ids) > length:
+                    raise ValueError(f"sentence of {len(ids)} tokens > grid length {length}")
+                tokens[side][r, k, : len(ids)] = ids
+    batch: dict[str, np.ndarray] = {}
+    for side in ("src", "tgt"):
+        mask = (tokens[side] > 0).astype(np.int32)
+        batch[side] = tokens[side]
+        batch[f"{side}_mask"] = mask
+        batch[f"{side}_positions"] = mask * np.arange(length, dtype=np.int32)
+        batch[f"{side}_segment_ids"] = mask * np.arange(1, sentences + 1, dtype=np.int32)[:, None]
+    batch["sentence_mask"] = np.any(batch["src_mask"] > 0, axis=-1).astype(np.int32)
+    batch["doc_index"] = np.arange(rows, dtype=np.int32)
+    batch["chunk_index"] = np.zeros(rows, np.int32)
+    batch["sentence_offset"] = np.zeros(rows, np.int32)
+    return batch
+
+
+def make_sentence_scorer(task: Any) -> Callable[[Any, dict[str, np.ndarray]], jax.Array]:
+    """Jitted ``(params, batch) -> log p(sentence) [B, S]`` (sum over its tokens)."""
+
+    @jax.jit
+    def score(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+        logits, targets, mask = task.logits(params, batch, None, False)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        token = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+        per_sentence = jnp.sum(token * mask, axis=-1)
+        return per_sentence.reshape(batch["src"].shape[:2])
+
+    return score
+
+
+def _batches(
+    items: Sequence[ContrastiveItem], rows: int, sentences: int, bucket: int
+) -> Iterator[tuple[Sequence[ContrastiveItem], dict[str, np.ndarray]]]:
+    for start in range(0, len(items), rows):
+        chunk = items[start : start + rows]
+        longest = max(len(ids) for it in chunk for ids in it.src + it.tgt)
+        length = -(-longest // bucket) * bucket
+        yield chunk, grid_batch(chunk, rows, sentences, length)
+
+
+def candidate_scores(
+    task: Any,
+    params: Any,
+    tokenizer: Tokenizer,
+    documents: Sequence[Document],
+    labels: Sequence[ContextLabel],
+    max_sentences: int = 20,
+    rows: int = 32,
+    scorer: Callable[[Any, dict[str, np.ndarray]], jax.Array] | None = None,
+) -> list[np.ndarray]:
+    """Per label, ``log p`` of the labelled sentence with each candidate form (in
+    :attr:`ContextLabel.candidates` order), teacher-forced with its chunk as context."""
+    sentence_level = bool(getattr(task, "sentence_level", True))
+    items = make_items(documents, labels, tokenizer, max_sentences, sentence_level)
+    sentences = 1 if sentence_level else max_sentences
+    scorer = scorer or make_sentence_scorer(task)
+    scores = [np.full(len(lb.candidates), np.nan) for lb in labels]
+    for chunk, batch in _batches(items, rows, sentences, bucket=16):
+        logp = np.asarray(scorer(params, batch))
+        for r, item in enumerate(chunk):
+            scores[item.label][item.candidate] = logp[r, item.segment]
+    return scores
+
+
+def contrastive_accuracy(
+    task: Any,
+    params: Any,
+    tokenizer: Tokenizer,
+    documents: Sequence[Document],
+    labels: Sequence[ContextLabel],
+    max_sentences: int = 20,
+    rows: int = 32,
+    scorer: Callable[[Any, dict[str, np.ndarray]], jax.Array] | None = None,
+) -> dict[str, Any]:
+    """Share of labels whose correct form scores strictly highest (:func:`candidate_scores`);
+    overall, per phenomenon and per distance (the bucket format of
+    :func:`~docnmt_jax.data.synthetic.context_accuracy`)."""
+    scores = candidate_scores(
+        task, params, tokenizer, documents, labels, max_sentences, rows, scorer
+    )
+    tallies: dict[tuple[str, Any], list[int]] = {}
+    for lb, by_candidate in zip(labels, scores, strict=True):
+        right = lb.candidates.index(lb.correct)
+        others = np.delete(by_candidate, right)
+        ok = int(bool(np.all(by_candidate[right] > others)))
+        for key in (("all", None), ("ph", lb.phenomenon), ("d", lb.distance)):
+            t = tallies.setdefault(key, [0, 0])
+            t[0] += ok
+            t[1] += 1
+    return _summary(tallies)
+
+
+def _bucket(correct: int, total: int) -> dict[str, Any]:
+    return {"accuracy": correct / total if total else 0.0, "correct": correct, "total": total}
+
+
+def _summary(tallies: Mapping[tuple[str, Any], list[int]]) -> dict[str, Any]:
+    result: dict[str, Any] = _bucket(*tallies.get(("all", None), [0, 0]))
+    for name, key in (("by_phenomenon", "ph"), ("by_distance", "d")):
+        result[name] = {
+            k[1]: _bucket(*tallies[k]) for k in sorted(t for t in tallies if t[0] == key)
+        }
+    return result
