@@ -26,7 +26,7 @@ import ml_collections  # noqa: E402
 
 from docnmt_jax.config_files import load_config  # noqa: E402
 from docnmt_jax.data import synthetic  # noqa: E402
-from docnmt_jax.data.tokenizer import load_tokenizer  # noqa: E402
+from docnmt_jax.data.tokenizer import get_or_train_tokenizer, load_tokenizer  # noqa: E402
 from docnmt_jax.decoding.translator import SearchConfig  # noqa: E402
 from docnmt_jax.evaluation import contrastive  # noqa: E402
 from docnmt_jax.models import build_task  # noqa: E402
@@ -49,6 +49,41 @@ TINY = dict(
     lr_scale=1.0,
     label_smoothing=0.0,
 )
+
+
+# The warm-up task of ``--warmup_task_steps``: the same lexicon (same seed and lexicon fields),
+# every document with a pronoun and a topic, antecedents 1-3 sentences back, 2-4 sentences.
+WARMUP_TASK = dict(
+    distances=(1, 2, 3), min_sentences=2, max_sentences=4, p_pronoun=1.0, p_topic=1.0
+)
+
+
+def warm_start(
+    config: ml_collections.ConfigDict, workdir: str, steps: int, seed: int = 0
+) -> ml_collections.ConfigDict:
+    """Trains ``config`` for ``steps`` on the short, dense :data:`WARMUP_TASK` (a curriculum
+    step), with a tokenizer trained on ``config``'s own (default) corpus, and returns
+    ``config`` set to start from those parameters with that tokenizer."""
+    train_docs = trainer.load_documents(config.data, "train")
+    tokenizer = get_or_train_tokenizer(
+        os.path.join(workdir, "spm.model"),
+        train_docs,
+        vocab_size=synthetic.word_level_vocab_size(train_docs),
+    )
+    easy_dir = os.path.join(workdir, "warmup_data")
+    if not os.path.exists(os.path.join(easy_dir, "test.labels.jsonl")):
+        easy = synthetic.SyntheticConfig(num_documents=len(train_docs), seed=seed, **WARMUP_TASK)
+        synthetic.write_corpus(easy_dir, easy, {"train": len(train_docs), "dev": 100, "test": 10})
+    easy_config = ml_collections.ConfigDict(config.to_dict())
+    easy_config.data.data_dir = easy_dir
+    easy_config.data.tokenizer = tokenizer.model_path
+    easy_config.train.num_steps = easy_config.train.eval_every = steps
+    easy_config.train.checkpoint_every = steps
+    trainer.train_and_evaluate(easy_config, os.path.join(workdir, "warmup_model"))
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.data.tokenizer = tokenizer.model_path
+    config.init_from = os.path.join(workdir, "warmup_model")
+    return config
 
 
 def make_corpus(
@@ -257,6 +292,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--test_docs", type=int, default=500)
     p.add_argument("--tiny", action="store_true", help="start from the TINY settings")
     p.add_argument("--json_out", default="", help="write the scores here as JSON")
+    p.add_argument(
+        "--warmup_task_steps",
+        type=int,
+        default=0,
+        help="first train this many steps on the short, dense WARMUP_TASK (curriculum), then "
+        "on the default task from those parameters",
+    )
     for key in (
         "d_model",
         "num_heads",
@@ -283,10 +325,21 @@ def main(argv: list[str] | None = None) -> None:
             for k, v in vars(args).items()
             if v is not None
             and k
-            not in ("config", "workdir", "data_dir", "train_docs", "test_docs", "tiny", "json_out")
+            not in (
+                "config",
+                "workdir",
+                "data_dir",
+                "train_docs",
+                "test_docs",
+                "tiny",
+                "json_out",
+                "warmup_task_steps",
+            )
         }
     )
     config = proof_config(load_config(args.config), data_dir, **overrides)
+    if args.warmup_task_steps:
+        config = warm_start(config, args.workdir, args.warmup_task_steps, config.train.seed)
     scores = run(config, os.path.join(args.workdir, "model"))
     print(markdown(scores, os.path.basename(args.config)))
     if args.json_out:

@@ -300,3 +300,13 @@ def test_chunk_table_matches_naive():
     assert list(itertools.chain(*[got[key] for key in sorted(got) if key[0] == 5])) == list(
         range(len(DOCS[5]))
     )
+
+
+def test_sequential_sentences_budget_counts_one_sentence_per_chunk():
+    parallel = PipelineConfig(batch_src_tokens=4096, batch_tgt_tokens=4096)
+    sequential = PipelineConfig(
+        batch_src_tokens=4096, batch_tgt_tokens=4096, sequential_sentences=True
+    )
+    for s, t in ((1, 32), (4, 16), (20, 64), (20, 128)):
+        assert parallel.batch_size(s, t) == max(1, 4096 // (s * t))
+        assert sequential.batch_size(s, t) == 4096 // t

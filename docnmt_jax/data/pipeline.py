@@ -120,6 +120,9 @@ class PipelineConfig:
     process_count: int = 1
     pad_batch: bool = False
     batch_multiple: int = 1
+    # The consumer works on one sentence of every chunk at a time (FINAL's decoding, sentence
+    # after sentence): the token budget counts one sentence per chunk, ``B = budget // t``.
+    sequential_sentences: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -160,7 +163,8 @@ class PipelineConfig:
 
     def batch_size(self, s: int, t: int) -> int:
         """Global rows ``B`` of a batch of bucket ``(s, t)``."""
-        b = max(1, min(self.batch_src_tokens, self.batch_tgt_tokens) // (s * t))
+        slots = t if self.sequential_sentences else s * t
+        b = max(1, min(self.batch_src_tokens, self.batch_tgt_tokens) // slots)
         p = math.lcm(self.process_count, self.batch_multiple)
         return max(p, b // p * p)
 

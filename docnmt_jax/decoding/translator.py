@@ -107,11 +107,6 @@ class Translator:
         self.params = params
         self.tokenizer = tokenizer
         self.search = search
-        # A task that searches the sentences of a chunk one after another (FINAL's memory)
-        # decodes only one sentence per chunk at a time: give it S times more chunks, so each
-        # search step works on as many rows as a sentence model's.
-        if getattr(task, "sequential_sentences", False):
-            batch_tokens *= max_sentences
         self.pipeline_config = pipeline_lib.PipelineConfig(
             max_sentences=max_sentences,
             max_src_len=max_src_len,
@@ -122,6 +117,9 @@ class Translator:
             shuffle=False,
             num_epochs=1,
             pad_batch=True,
+            # A task that searches a chunk's sentences one after another (FINAL's memory) gets
+            # as many chunks as a sentence model gets sentences: same rows per search step.
+            sequential_sentences=bool(getattr(task, "sequential_sentences", False)),
         )
         self.stats = TranslationStats()
         self._translate_batch = jax.jit(functools.partial(task.translate_batch, search=search))

@@ -108,6 +108,13 @@ def make_sentence_scorer(task: Any) -> Callable[[Any, dict[str, np.ndarray]], ja
     @jax.jit
     def score(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
         logits, targets, mask = task.logits(params, batch, None, False)
+        rows = batch["src"].shape[0] * batch["src"].shape[1]
+        if logits.shape[0] != rows:
+            raise ValueError(
+                f"{type(task).__name__}: contrastive scoring needs one logit row per sentence "
+                f"(got {logits.shape[0]} rows for {rows} sentences; packed-chunk models such "
+                "as doc2doc are not supported)"
+            )
         logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
         token = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
         per_sentence = jnp.sum(token * mask, axis=-1)
