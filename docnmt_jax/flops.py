@@ -12,7 +12,7 @@ Transformer and Doc2Doc, 0.97-0.98 x 3x forward for FINAL.
 
 Notation: a batch of ``B`` chunks of ``S`` sentences, ``Ts`` source and ``Tt`` target tokens
 per sentence; ``N = B·S`` sentence rows; ``D`` model, ``F`` feed-forward, ``H`` heads, ``V``
-vocabulary; ``R2 = 2·max_relative_distance + 1``. Attention terms are summed over heads
+vocabulary; ``R2 = 2·min(max_relative_distance, S-1) + 1``, the sentence distances that occur. Attention terms are summed over heads
 (``H`` heads of ``D/H`` = one ``D``-wide product). Padding costs as much as real tokens.
 
 Sentence Transformer, per sentence row (``N`` rows)::
@@ -126,7 +126,7 @@ def xl_decoder_layer(rows: int, Tt: int, Tm: int, Ts: int, D: int, F: int) -> Te
 def global_layer(chunks: int, S: int, Ts: int, config: FinalConfig) -> Terms:
     """FINAL's global context layer over chunks of ``L = S·Ts`` tokens."""
     D, F, H = config.d_model, config.ffn_dim, config.num_heads
-    L, R2 = S * Ts, 2 * config.max_relative_distance + 1
+    L, R2 = S * Ts, 2 * min(config.max_relative_distance, S - 1) + 1
     terms = {
         "projections": chunks * 4 * 2 * L * D * D,
         "attention": chunks * 2 * 2 * L * L * D,

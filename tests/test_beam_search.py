@@ -25,7 +25,9 @@ TOY_TABLE = TOY_TABLE.astype(np.float32)
 def toy_step(cache, tokens, extra):
     code = cache["code"] * TOY_V + tokens  # unique per prefix (BOS, x1, ..., xt)
     hist = jax.lax.dynamic_update_slice_in_dim(cache["hist"], tokens[:, None], cache["index"], 1)
-    logits = jnp.asarray(TOY_TABLE)[extra["row"], code]
+    # ``extra`` has one row per example; the beams of an example are contiguous.
+    rows = jnp.repeat(extra["row"], tokens.shape[0] // extra["row"].shape[0])
+    logits = jnp.asarray(TOY_TABLE)[rows, code]
     # ``hist`` must follow the beams: it re-derives the code and checks the cache reordering.
     weights = TOY_V ** jnp.arange(TOY_MAX_LEN - 1, -1, -1)
     rederived = jnp.sum(hist * weights[None] * (jnp.arange(TOY_MAX_LEN) <= cache["index"]), 1)
@@ -84,8 +86,32 @@ def check_well_formed(result, limits):
 
 toy_search = jax.jit(
     functools.partial(bs.beam_search, toy_step, max_len=TOY_MAX_LEN),
-    static_argnames=("beam_size", "early_stopping"),
+    static_argnames=("beam_size", "early_stopping", "keep_best_cache"),
 )  # alpha and max_lengths are traced: one compilation per beam size / flag
+
+
+@pytest.mark.parametrize("beam, alpha", [(1, 0.0), (3, 0.6), (4, 1.0), (3, -0.5)])
+def test_best_cache_is_the_cache_of_the_best_hypothesis(beam, alpha):
+    """The toy cache records every input token (``hist``) and the prefix code: the returned
+    ``best_cache`` must hold exactly [BOS, y_1 .. y_{n-1}] of ``sequences[:, 0]``, i.e. the
+    state after the step that produced its EOS, whichever step and beam that was."""
+    rows, limits = [3, 2, 1, 0, 2, 1], np.array([5, 5, 4, 2, 1, 3])
+    kwargs = dict(beam_size=beam, alpha=alpha, max_lengths=jnp.asarray(limits))
+    plain = toy_search(*toy_inputs(rows), **kwargs)
+    kept = toy_search(*toy_inputs(rows), keep_best_cache=True, **kwargs)
+    assert plain.best_cache is None
+    for a, b in zip(plain[:3], kept[:3], strict=True):
+        np.testing.assert_array_equal(a, b)  # keeping the cache changes no result
+    lengths = np.asarray(kept.lengths[:, 0])
+    assert len(set(lengths)) >= 2  # hypotheses end at different steps: the test can fail
+    for b in range(len(rows)):
+        n = lengths[b]
+        inputs = [BOS_ID] + list(np.asarray(kept.sequences[b, 0, : n - 1]))
+        np.testing.assert_array_equal(np.asarray(kept.best_cache["hist"][b, :n]), inputs)
+        code = 0
+        for token in inputs:
+            code = code * TOY_V + token
+        assert int(kept.best_cache["code"][b]) == code
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
@@ -197,25 +223,27 @@ def sources(lengths, width, seed=0):
 
 @jax.jit
 def encode_and_cache(params, src, src_mask):
+    """(empty self-attention cache, per-example decoder inputs) of the sources."""
     encoded = MODEL.apply(params, src, src_mask, method=MODEL.encode)
-    return MODEL.apply(params, encoded, MAX_LEN, method=MODEL.init_cache)
+    cache = MODEL.apply(params, src.shape[0], MAX_LEN, method=MODEL.init_cache)
+    return cache, MODEL.apply(params, encoded, src_mask, method=MODEL.decode_inputs)
 
 
 @jax.jit
-def biased_step(params, cache, tokens, src_mask):
-    logits, new_cache = MODEL.apply(params, cache, tokens, src_mask, method=MODEL.decode_step)
+def biased_step(params, cache, tokens, extra):
+    logits, new_cache = MODEL.apply(params, cache, tokens, extra, method=MODEL.decode_step)
     return logits.at[:, EOS_ID].add(EOS_RAMP * cache["index"].astype(jnp.float32)), new_cache
 
 
 @functools.partial(jax.jit, static_argnames=("beam_size", "early"))
 def translate(params, src, src_mask, limits, alpha, beam_size, early=True):
     """The recommended pattern: encode once, then search with params closed over."""
-    cache = encode_and_cache(params, src, src_mask)
+    cache, extra = encode_and_cache(params, src, src_mask)
     step = functools.partial(biased_step, params)
     return bs.beam_search(
         step,
         cache,
-        src_mask,
+        extra,
         beam_size=beam_size,
         alpha=alpha,
         max_len=MAX_LEN,
@@ -229,11 +257,11 @@ def test_cached_decoder_matches_teacher_forcing(params):
     tgt = np.random.default_rng(1).integers(3, CFG.vocab_size, (3, MAX_LEN)).astype(np.int32)
     tgt[:, -1] = EOS_ID
     full = jax.jit(MODEL.apply)(params, src, src_mask, tgt, np.ones_like(tgt))
-    cache = encode_and_cache(params, src, src_mask)
+    cache, extra = encode_and_cache(params, src, src_mask)
     step = jax.jit(functools.partial(MODEL.apply, method=MODEL.decode_step))
     for t in range(MAX_LEN):
         token = jnp.full((3,), BOS_ID) if t == 0 else tgt[:, t - 1]
-        logits, cache = step(params, cache, token, src_mask)
+        logits, cache = step(params, cache, token, extra)
         np.testing.assert_allclose(logits, full[:, t], atol=1e-5, rtol=1e-5)
 
 
@@ -263,10 +291,10 @@ def python_greedy(params, src, src_mask, limits):
     """Plain argmax decoding, one row and one step at a time with ``decode_step``."""
     outputs = []
     for b in range(len(src)):
-        cache = encode_and_cache(params, src[b : b + 1], src_mask[b : b + 1])
+        cache, extra = encode_and_cache(params, src[b : b + 1], src_mask[b : b + 1])
         token, seq, score = BOS_ID, [], 0.0
         while not seq or seq[-1] != EOS_ID:
-            logits, cache = biased_step(params, cache, jnp.array([token]), src_mask[b : b + 1])
+            logits, cache = biased_step(params, cache, jnp.array([token]), extra)
             lp = log_softmax(logits[0])
             lp[[PAD_ID, BOS_ID]] = -np.inf
             token = EOS_ID if len(seq) + 1 >= limits[b] else int(lp.argmax())
@@ -281,8 +309,8 @@ def test_beam_one_is_greedy(params):
     limits = np.asarray(bs.source_length_limits(src_mask, 1.0, 3, MAX_LEN))
     result = translate(params, src, src_mask, limits, 0.0, beam_size=1)
     step = functools.partial(biased_step, params)
-    cache = encode_and_cache(params, src, src_mask)
-    greedy = bs.greedy_search(step, cache, src_mask, max_len=MAX_LEN, max_lengths=limits)
+    cache, extra = encode_and_cache(params, src, src_mask)
+    greedy = bs.greedy_search(step, cache, extra, max_len=MAX_LEN, max_lengths=limits)
     for a, b in zip(result, greedy, strict=True):
         np.testing.assert_array_equal(a, b)
     expected = python_greedy(params, src, src_mask, limits)

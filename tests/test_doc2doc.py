@@ -293,7 +293,8 @@ def test_translate_batch_is_the_split_search_over_packed_chunks():
         ids, aux = task.translate_batch(params, batch, search)
         variables = {"params": params}
         encoded = model.apply(variables, src, src_mask, method=model.encode)
-        cache = model.apply(variables, encoded, max_len, method=model.init_cache)
+        cache = model.apply(variables, src.shape[0], max_len, method=model.init_cache)
+        extra = model.apply(variables, encoded, src_mask, method=model.decode_inputs)
 
         def step(c, tokens, extra):
             return model.apply(variables, c, tokens, extra, method=model.decode_step)
@@ -301,7 +302,7 @@ def test_translate_batch_is_the_split_search_over_packed_chunks():
         result = bs.beam_search(
             step,
             cache,
-            src_mask,
+            extra,
             beam_size=2,
             alpha=0.6,
             max_len=max_len,

@@ -19,6 +19,7 @@ from docnmt_jax.models.final import (
     FinalTask,
     SegmentRelativeAttention,
     empty_memory,
+    encode_in_groups,
 )
 
 V = 23
@@ -411,8 +412,9 @@ def test_cached_decoding_with_memory_equals_teacher_forcing(final_model, overrid
         next_memory = model.apply(
             v, enc, src_mask, tgt, tgt_mask, memory, method=model.sentence_memory
         )
-        cache = model.apply(v, enc, T + 2, method=model.init_cache)
-        extra = model.apply(v, src_mask, padded, method=model.decode_extra)
+        cache = model.apply(v, enc.shape[0], T + 2, method=model.init_cache)
+        padded_kv = model.apply(v, padded, method=model.memory_kv)
+        extra = model.apply(v, enc, src_mask, padded_kv, method=model.decode_inputs)
         return logits, new_memory, next_memory, cache, extra
 
     sentence = _fast_jit(sentence)
@@ -452,6 +454,60 @@ def test_cached_decoding_with_memory_equals_teacher_forcing(final_model, overrid
     assert len(memory) == 1 + cfg.xl_decoder * cfg.num_decoder_layers
 
 
+def test_grouped_encoding_equals_one_call(final_model):
+    """Encoding the chunks in groups (CPU decoding) gives the one-call encoding."""
+    model, params, batch = final_model
+    v = {"params": params}
+    one = _fast(
+        lambda v, s, m: model.apply(v, s, m, method=model.encode),
+        v,
+        batch["src"],
+        batch["src_mask"],
+    )
+    S, T = batch["src"].shape[1:]
+    grouped = _fast(
+        lambda v, s, m: encode_in_groups(model, v, s, m, S * T), v, batch["src"], batch["src_mask"]
+    )  # one chunk per group
+    np.testing.assert_allclose(np.asarray(grouped), np.asarray(one), atol=1e-5, rtol=1e-5)
+
+
+def test_beams_share_memory_and_cross_inputs(final_model):
+    """``G`` cache rows (beams) per example against one row of memory and cross keys/values
+    give the logits of the naive layout, the per-example inputs copied to every row."""
+    model, params, _ = final_model
+    batch = _batch(4)
+    v = {"params": params}
+    groups, B, T = 3, batch["src"].shape[0], batch["src"].shape[-1]
+    encoded = _fast(
+        lambda v, s, m: model.apply(v, s, m, method=model.encode),
+        v,
+        batch["src"],
+        batch["src_mask"],
+    )
+    enc, smask = encoded[:, 1], batch["src_mask"][:, 1]
+    memory = _fast(
+        lambda v, *a: model.apply(v, *a, method=model.sentence_memory),
+        v,
+        encoded[:, 0],
+        batch["src_mask"][:, 0],
+        batch["tgt"][:, 0],
+        batch["tgt_mask"][:, 0],
+        empty_memory(CFG, B, T),
+    )
+    assert int(memory["mask"].sum()) > 0
+    memory_kv = model.apply(v, memory, method=model.memory_kv)
+    extra = model.apply(v, enc, smask, memory_kv, method=model.decode_inputs)
+    tiled = jax.tree.map(lambda x: jnp.repeat(x, groups, axis=0), extra)
+    step_fn = _fast_jit(lambda v, *a: model.apply(v, *a, method=model.decode_step))
+    grouped_cache = tiled_cache = model.apply(v, B * groups, T, method=model.init_cache)
+    rng = np.random.default_rng(2)
+    for _ in range(T):
+        tokens = rng.integers(4, V, B * groups).astype(np.int32)
+        got, grouped_cache = step_fn(v, grouped_cache, tokens, extra)
+        want, tiled_cache = step_fn(v, tiled_cache, tokens, tiled)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+
+
 def test_translate_batch_uses_the_chosen_hypothesis_as_memory(final_model):
     _, params, _ = final_model
     batch = _batch(5)
@@ -469,8 +525,9 @@ def test_translate_batch_uses_the_chosen_hypothesis_as_memory(final_model):
 
     def one_sentence(params, encoded_k, mask_k, limits_k, memory):
         v = {"params": params}
-        cache = model.apply(v, encoded_k, L, method=model.init_cache)
-        extra = model.apply(v, mask_k, memory, method=model.decode_extra)
+        cache = model.apply(v, encoded_k.shape[0], L, method=model.init_cache)
+        memory_kv = model.apply(v, memory, method=model.memory_kv)
+        extra = model.apply(v, encoded_k, mask_k, memory_kv, method=model.decode_inputs)
         return beam_search(
             lambda c, t, e: model.apply(v, c, t, e, method=model.decode_step),
             cache,

@@ -73,11 +73,35 @@ def test_cached_decoding_equals_teacher_forcing(model_and_params):
     src, src_mask, tgt, tgt_mask = _inputs(3)
     full = np.asarray(model.apply(params, src, src_mask, tgt, np.ones_like(tgt_mask)))
     encoded = model.apply(params, src, src_mask, method=model.encode)
-    cache = model.apply(params, encoded, 8, method=model.init_cache)
+    cache = model.apply(params, src.shape[0], 8, method=model.init_cache)
+    extra = model.apply(params, encoded, src_mask, method=model.decode_inputs)
     dec_in = np.asarray(layers.shift_right(jnp.asarray(tgt), 2))
     for t in range(tgt.shape[1]):
-        logits, cache = model.apply(params, cache, dec_in[:, t], src_mask, method=model.decode_step)
+        logits, cache = model.apply(params, cache, dec_in[:, t], extra, method=model.decode_step)
         np.testing.assert_allclose(np.asarray(logits), full[:, t], atol=1e-5, rtol=1e-5)
+
+
+def test_beams_share_the_per_example_inputs(model_and_params):
+    """``G`` cache rows per example against one row of ``extra`` (grouped cross-attention)
+    give the same logits as ``extra`` copied to every row (the naive layout)."""
+    model, params = model_and_params
+    src, src_mask, tgt, _ = _inputs(3)
+    groups = 3
+    encoded = model.apply(params, src, src_mask, method=model.encode)
+    extra = model.apply(params, encoded, src_mask, method=model.decode_inputs)
+    tiled = jax.tree.map(lambda x: np.repeat(np.asarray(x), groups, axis=0), extra)
+    rng = np.random.default_rng(5)
+    grouped_cache = model.apply(params, 3 * groups, 8, method=model.init_cache)
+    tiled_cache = grouped_cache
+    for _ in range(4):  # every row its own prefix
+        tokens = rng.integers(4, 36, 3 * groups).astype(np.int32)
+        got, grouped_cache = model.apply(
+            params, grouped_cache, tokens, extra, method=model.decode_step
+        )
+        want, tiled_cache = model.apply(
+            params, tiled_cache, tokens, tiled, method=model.decode_step
+        )
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
 
 
 def test_parameters_carry_logical_axes():

@@ -7,9 +7,10 @@ Recommended pattern (``params`` closed over inside one jitted function)::
     @functools.partial(jax.jit, static_argnames=("beam_size", "max_len"))
     def translate(params, src, src_mask, max_lengths, beam_size=5, max_len=64):
         encoded = model.apply(params, src, src_mask, method=model.encode)
-        cache = model.apply(params, encoded, max_len, method=model.init_cache)
-        step = lambda c, tok, m: model.apply(params, c, tok, m, method=model.decode_step)
-        return beam_search(step, cache, src_mask, beam_size=beam_size, max_len=max_len,
+        cache = model.apply(params, src.shape[0], max_len, method=model.init_cache)
+        extra = model.apply(params, encoded, src_mask, method=model.decode_inputs)
+        step = lambda c, tok, e: model.apply(params, c, tok, e, method=model.decode_step)
+        return beam_search(step, cache, extra, beam_size=beam_size, max_len=max_len,
                            max_lengths=max_lengths)
 
 Scoring: a hypothesis of ``len`` generated tokens (EOS included) and log-probability ``lp``
@@ -55,12 +56,16 @@ class BeamResult(NamedTuple):
     (only when fewer than ``beam`` hypotheses exist, e.g. tiny vocabularies).
     ``lengths [B, beam]``: generated tokens including EOS (0 for an empty slot).
     ``num_steps``: int32 scalar, decoder steps run (< ``max_len`` when stopped early).
+    ``best_cache``: with ``keep_best_cache``, the cache (leaves ``[B, ...]``) of each example's
+    best hypothesis ``sequences[:, 0]`` after its last decoder step: the decoder states of the
+    chosen translation, e.g. a document model's memory for the next sentence. Else ``None``.
     """
 
     sequences: Array
     scores: Array
     lengths: Array
     num_steps: Array
+    best_cache: Cache = None
 
 
 class BeamState(NamedTuple):
@@ -70,7 +75,8 @@ class BeamState(NamedTuple):
     ``live_valid [B, K]`` (False for empty beams), ``live_cache`` (leaves ``[B*K, ...]``, 0-d
     leaves shared). Finished pool (sorted best first): ``finished_seqs [B, K, T]``,
     ``finished_scores [B, K]`` (normalised), ``finished_lengths [B, K]``,
-    ``finished_flags [B, K]`` (False for empty slots).
+    ``finished_flags [B, K]`` (False for empty slots). With ``keep_best_cache``:
+    ``best_cache`` (leaves ``[B, ...]``) and ``best_score [B]`` of the best finished hypothesis.
     """
 
     step: Array
@@ -82,6 +88,8 @@ class BeamState(NamedTuple):
     finished_scores: Array
     finished_lengths: Array
     finished_flags: Array
+    best_cache: Cache
+    best_score: Array
 
 
 def length_penalty(length: Array | int, alpha: float) -> Array:
@@ -137,6 +145,7 @@ def beam_search(
     pad_id: int = PAD_ID,
     early_stopping: bool = True,
     allow_bos: bool = False,
+    keep_best_cache: bool = False,
 ) -> BeamResult:
     """Beam search for a batch of ``B`` examples; pure and jit-able (see the module docstring).
 
@@ -145,8 +154,10 @@ def beam_search(
         ``tokens`` are the previous tokens (BOS at the first step).
       cache: decoder state; leaves ``[B, ...]`` are tiled to ``[B * beam, ...]`` and reordered
         with the beams, 0-d leaves (e.g. the step index) are shared.
-      extra: per-example inputs ``[B, ...]`` (e.g. ``src_mask``), tiled once and passed to
-        every ``step_fn`` call unchanged (all beams of an example share them).
+      extra: per-example inputs ``[B, ...]`` (e.g. ``src_mask``, cross-attention keys), passed
+        to every ``step_fn`` call as they are, never tiled or reordered: ``step_fn`` sees
+        ``B * beam`` rows of tokens and cache against ``B`` rows of ``extra`` (each example's
+        beams contiguous), so shared inputs are read once per example, not once per beam.
       beam_size: hypotheses kept per example (1: greedy, see :func:`greedy_search`).
       alpha: length-penalty exponent, score = ``lp / ((5 + len) / 6) ** alpha``.
       max_len: static limit on generated tokens (EOS included).
@@ -155,6 +166,10 @@ def beam_search(
       early_stopping: stop once no live beam can improve any example's finished pool (never
         changes the result; False runs until every beam has ended).
       allow_bos: let ``bos_id`` be generated like any other token (default: never).
+      keep_best_cache: also return the cache of each example's best hypothesis
+        (``BeamResult.best_cache``). Whenever a finished hypothesis beats its example's best so
+        far (strictly: the earlier one wins ties, as in the pool's order), its parent beam's
+        updated cache is copied, only on steps where some example improves.
 
     Returns:
       :class:`BeamResult`; every example has at least one hypothesis.
@@ -173,7 +188,6 @@ def beam_search(
         limits = jnp.full((batch,), max_len, jnp.int32)
     else:
         limits = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_len)
-    tiled_extra = tile_beams(extra, K)
     first_beam = jnp.arange(K) == 0
 
     state = BeamState(
@@ -186,6 +200,8 @@ def beam_search(
         finished_scores=jnp.full((batch, K), NEG_INF, jnp.float32),
         finished_lengths=jnp.zeros((batch, K), jnp.int32),
         finished_flags=jnp.zeros((batch, K), bool),
+        best_cache=cache if keep_best_cache else None,
+        best_score=jnp.full((batch,), -jnp.inf, jnp.float32),
     )
 
     def done_per_example(s: BeamState) -> Array:
@@ -205,7 +221,7 @@ def beam_search(
         t = s.step
         prev = jax.lax.dynamic_index_in_dim(s.live_seqs, jnp.maximum(t - 1, 0), 2, False)
         tokens = jnp.where(t == 0, bos_id, prev)  # [B, K]
-        logits, new_cache = step_fn(s.live_cache, tokens.reshape(-1), tiled_extra)
+        logits, new_cache = step_fn(s.live_cache, tokens.reshape(-1), extra)
         log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
         V = log_probs.shape[-1]
         vocab = jnp.arange(V)
@@ -237,6 +253,20 @@ def beam_search(
             [s.finished_lengths, jnp.full((batch, 2 * K), t + 1, jnp.int32)], 1
         )
         _, keep = jax.lax.top_k(jnp.where(flags, scores, -jnp.inf), K)
+        best_cache, best_score = s.best_cache, s.best_score
+        if keep_best_cache:
+            new_scores = jnp.where(new_flags, scores[:, K:], -jnp.inf)
+            candidate = jnp.argmax(new_scores, axis=1)[:, None]  # [B, 1]
+            improved = _take(new_scores, candidate)[:, 0] > best_score
+
+            def copy_improved(old: Cache) -> Cache:
+                rows = gather_beams(new_cache, _take(parent, candidate), K)
+                return jax.tree.map(
+                    lambda o, n: o if jnp.ndim(o) == 0 else _where_rows(improved, n, o), old, rows
+                )
+
+            best_cache = jax.lax.cond(jnp.any(improved), copy_improved, lambda c: c, best_cache)
+            best_score = jnp.where(improved, _take(new_scores, candidate)[:, 0], best_score)
         return BeamState(
             step=t + 1,
             live_seqs=_take(top_seqs, live_pos),
@@ -247,6 +277,8 @@ def beam_search(
             finished_scores=_take(scores, keep),
             finished_lengths=_take(lengths, keep),
             finished_flags=_take(flags, keep),
+            best_cache=best_cache,
+            best_score=best_score,
         )
 
     s = jax.lax.while_loop(cond, body, state)
@@ -256,17 +288,31 @@ def beam_search(
     fallback = ~jnp.any(s.finished_flags, axis=1)
 
     def pick(fin: Array, live: Array) -> Array:
-        return jnp.where(fallback.reshape((-1,) + (1,) * (fin.ndim - 1)), live, fin)
+        return _where_rows(fallback, live, fin)
 
     flags = pick(s.finished_flags, s.live_valid)
     scores = pick(s.finished_scores, s.live_log_probs / length_penalty(s.step, alpha))
     lengths = pick(s.finished_lengths, jnp.full_like(s.finished_lengths, s.step))
+    best_cache = None
+    if keep_best_cache:  # fallback examples: the cache of their first live beam
+        live_first = gather_beams(s.live_cache, jnp.zeros((batch, 1), jnp.int32), K)
+        best_cache = jax.tree.map(
+            lambda b, live: b if jnp.ndim(b) == 0 else _where_rows(fallback, live, b),
+            s.best_cache,
+            live_first,
+        )
     return BeamResult(
         sequences=pick(s.finished_seqs, s.live_seqs),
         scores=jnp.where(flags, scores, -jnp.inf),
         lengths=jnp.where(flags, lengths, 0),
         num_steps=s.step,
+        best_cache=best_cache,
     )
+
+
+def _where_rows(condition: Array, x: Array, y: Array) -> Array:
+    """``x`` where ``condition [B]`` holds, else ``y`` (leaves ``[B, ...]``)."""
+    return jnp.where(condition.reshape((-1,) + (1,) * (x.ndim - 1)), x, y)
 
 
 def greedy_search(

@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 
 from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from docnmt_jax.decoding.beam_search import beam_search, source_length_limits
-from docnmt_jax.models.transformer import Cache, Transformer, TransformerConfig
+from docnmt_jax.decoding.beam_search import source_length_limits
+from docnmt_jax.models.transformer import Transformer, TransformerConfig, search_rows
 
 Array = jax.Array
 
@@ -209,31 +209,14 @@ class Doc2DocTask:
         sentence EOS-terminated, PAD after; padding sentences PAD) and
         ``{"sentence_counts": [B]}``, the number of sentences of each chunk's translation.
         """
-        module = self.eval_module
-        variables = {"params": params}
         src_mask = batch["src_mask"]
         B, S, T = batch["src"].shape
         self._check_length(S * T)
         src, packed_mask = pack_tokens(batch["src"], src_mask)
         max_len, limits = chunk_output_limits(src_mask, search, self.config.max_len)
-        encoded = module.apply(variables, src, packed_mask, method=module.encode)
-        cache = module.apply(variables, encoded, max_len, method=module.init_cache)
-
-        def step_fn(cache: Cache, tokens: Array, extra: dict[str, Array]) -> tuple[Array, Cache]:
-            return module.apply(
-                variables, cache, tokens, extra["src_mask"], method=module.decode_step
-            )
-
-        result = beam_search(
-            step_fn,
-            cache,
-            {"src_mask": packed_mask},
-            beam_size=search.beam_size,
-            alpha=search.alpha,
-            max_len=max_len,
-            max_lengths=limits,
-            allow_bos=True,  # BOS is the separator
-        )
+        result = search_rows(
+            self.eval_module, params, src, packed_mask, search, max_len, limits, allow_bos=True
+        )  # BOS is the sentence separator
         real = jnp.any(src_mask > 0, axis=-1)
         ids, counts = split_sentences(result.sequences[:, 0], real)
         return ids, {"sentence_counts": counts}

@@ -43,6 +43,8 @@ from docnmt_jax.models.transformer import TransformerConfig
 Array = jax.Array
 Cache = dict[str, Any]
 Memory = dict[str, Array]  # {"mask": [B, Tm], "layer_i": [B, Tm, D] (input of decoder layer i)}
+MemoryKV = dict[str, Any]  # {"mask": [B, Tm], "layer_i": {"key", "value": [B, Tm, H, d]}}
+KeyPart = tuple[Array, Array, Array, Array]  # keys, values, boolean mask, distances
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,9 +176,12 @@ class SegmentRelativeAttention(nn.Module):
         v = _heads_dense(cfg, "value")(x)
         gamma_k = self.param("relative_key", _relpos_init(), (2 * R + 1, H, dh))
         gamma_v = self.param("relative_value", _relpos_init(), (2 * R + 1, H, dh))
+        # Only distances |k - kappa| <= S - 1 occur in a chunk: slice those rows of gamma.
+        used = min(R, S - 1)
+        gamma_k, gamma_v = gamma_k[R - used : R + used + 1], gamma_v[R - used : R + used + 1]
         sent = jnp.arange(S)
-        distance = jnp.clip(sent[:, None] - sent[None, :], -R, R) + R  # [S, S]: k - kappa
-        onehot = jax.nn.one_hot(distance, 2 * R + 1, dtype=jnp.float32)
+        distance = jnp.clip(sent[:, None] - sent[None, :], -used, used) + used  # [S, S]
+        onehot = jax.nn.one_hot(distance, 2 * used + 1, dtype=jnp.float32)
 
         content = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
         q_gamma = jnp.einsum("bqhd,rhd->bhqr", q, gamma_k.astype(q.dtype)).astype(jnp.float32)
@@ -237,7 +242,9 @@ class RelativeSelfAttention(nn.Module):
     """Multi-head attention with Transformer-XL relative positions (Dai et al. 2019, Sec. 3.3).
 
     logits = ``[(q+u) k_j + (q+v) W_R R_{i-j}] / sqrt(d)`` with sinusoidal ``R``; the position
-    term is computed once per distance and gathered by the ``[B, Tq, Tk]`` distance matrix.
+    term is computed once per distance and gathered by each key's distance. Keys come in two
+    parts, the memory and the current sentence, normalised by one softmax; the two parts are
+    never concatenated, and the memory has one row per example (shared by its beams).
     """
 
     config: FinalConfig
@@ -261,25 +268,59 @@ class RelativeSelfAttention(nn.Module):
     def project_kv(self, x: Array) -> tuple[Array, Array]:
         return self.key(x), self.value(x)
 
-    def attend(
-        self, q: Array, k: Array, v: Array, mask: Array, distances: Array, num_distances: int
-    ) -> Array:
-        """``q [B,Tq,H,d]``, ``k, v [B,Tk,H,d]``, ``mask [B,1,Tq,Tk]``, ``distances [B,Tq,Tk]``
-        (query position minus key position, clipped to ``[0, num_distances)``)."""
+    def attend(self, q: Array, current: KeyPart, memory: KeyPart) -> Array:
+        """Attention of ``q [N, Tq, H, d]`` over ``[memory; current]``.
+
+        Each part is (keys, values, mask, distances): ``current`` keys ``[N, Tk, H, d]``,
+        ``memory`` keys ``[B, Tm, H, d]`` with ``N = B*G`` (``G`` contiguous query rows per
+        memory row: the beams of a search); boolean masks broadcastable to ``[rows, 1, Tq, T]``
+        and distances (query position minus key position, >= 0 where attended) to
+        ``[rows, Tq, T]``, ``rows`` being that part's row count.
+        """
         cfg = self.config
-        dh = q.shape[-1]
+        N, Tq, H, dh = q.shape
+        mem_k, mem_v, mem_mask, mem_dist = memory
+        cur_k, cur_v, cur_mask, cur_dist = current
+        B, Tm = mem_k.shape[:2]
+        G = N // B
+        num_distances = Tm + cur_k.shape[1]
         rel = layers.sinusoidal_encoding(jnp.arange(num_distances), cfg.d_model, cfg.dtype)
         r = self.position(rel)  # [R, H, d]
-        content = jnp.einsum("bqhd,bkhd->bhqk", q + self.content_bias.astype(q.dtype), k)
+        q_content = q + self.content_bias.astype(q.dtype)
         pos_all = jnp.einsum("bqhd,rhd->bhqr", q + self.position_bias.astype(q.dtype), r)
-        index = jnp.clip(distances, 0, num_distances - 1)[:, None]
-        index = jnp.broadcast_to(index, content.shape)
-        pos = jnp.take_along_axis(pos_all, index, axis=-1)
-        logits = (content.astype(jnp.float32) + pos.astype(jnp.float32)) / np.sqrt(dh)
-        logits = jnp.where(mask, logits, layers.NEG_INF)
-        weights = jax.nn.softmax(logits, axis=-1)
-        weights = self.dropout(weights, deterministic=cfg.deterministic)
-        return self.out(jnp.einsum("bhqk,bkhd->bqhd", weights.astype(cfg.dtype), v))
+
+        def rows(x: Array, per_example: bool) -> Array:
+            """A memory input ``[B | 1, ...]`` repeated for the ``G`` rows of each example."""
+            return jnp.repeat(x, G, axis=0) if per_example and G > 1 and x.shape[0] > 1 else x
+
+        def position_term(distances: Array, width: int, per_example: bool) -> Array:
+            index = rows(jnp.clip(distances, 0, num_distances - 1), per_example)
+            index = jnp.broadcast_to(index[:, None], (N, H, Tq, width))
+            return jnp.take_along_axis(pos_all, index, axis=-1).astype(jnp.float32)
+
+        def full_mask(mask: Array, width: int, per_example: bool) -> Array:
+            return jnp.broadcast_to(rows(mask, per_example), (N, 1, Tq, width))
+
+        q_grouped = q_content.reshape(B, G, Tq, H, dh)
+        mem_logits = jnp.einsum("bgqhd,bkhd->bghqk", q_grouped, mem_k).reshape(N, H, Tq, Tm)
+        cur_logits = jnp.einsum("bqhd,bkhd->bhqk", q_content, cur_k)
+        Tk = cur_k.shape[1]
+        logits = jnp.concatenate(
+            [
+                mem_logits.astype(jnp.float32) + position_term(mem_dist, Tm, True),
+                cur_logits.astype(jnp.float32) + position_term(cur_dist, Tk, False),
+            ],
+            axis=-1,
+        ) / np.sqrt(dh)
+        mask = jnp.concatenate(
+            [full_mask(mem_mask, Tm, True), full_mask(cur_mask, Tk, False)], axis=-1
+        )
+        weights = jax.nn.softmax(jnp.where(mask, logits, layers.NEG_INF), axis=-1)
+        weights = self.dropout(weights, deterministic=cfg.deterministic).astype(cfg.dtype)
+        w_mem = weights[..., :Tm].reshape(B, G, H, Tq, Tm)
+        out = jnp.einsum("bhqk,bkhd->bqhd", weights[..., Tm:], cur_v)
+        out = out + jnp.einsum("bghqk,bkhd->bgqhd", w_mem, mem_v).reshape(N, Tq, H, dh)
+        return self.out(out)
 
 
 class XLDecoderLayer(nn.Module):
@@ -338,27 +379,16 @@ class XLDecoderLayer(nn.Module):
         n_mem = jnp.sum(memory_mask > 0, axis=-1)[:, None, None]
         i = jnp.arange(T)[None, :, None]
         j_mem, j_cur = jnp.arange(Tm)[None, None, :], jnp.arange(T)[None, None, :]
-        distances = jnp.concatenate(
-            [
-                jnp.broadcast_to(i + n_mem - j_mem, (y.shape[0], T, Tm)),
-                jnp.broadcast_to(i - j_cur, (y.shape[0], T, T)),
-            ],
-            axis=-1,
-        )
-        mask = jnp.concatenate(
-            [
-                jnp.broadcast_to(memory_mask[:, None, :] > 0, (y.shape[0], T, Tm)),
-                (j_cur <= i) & (tgt_mask[:, None, :] > 0),
-            ],
-            axis=-1,
-        )[:, None]
+        mem_mask = (memory_mask > 0)[:, None, None, :]
+        cur_mask = ((j_cur <= i) & (tgt_mask[:, None, :] > 0))[:, None]
 
         def attend(h: Array) -> Array:
             k, v = self.self_attention.project_kv(h)
-            keys = jnp.concatenate([mem_k, k], axis=1)
-            values = jnp.concatenate([mem_v, v], axis=1)
-            q = self.self_attention.project_q(h)
-            return self.self_attention.attend(q, keys, values, mask, distances, T + Tm)
+            return self.self_attention.attend(
+                self.self_attention.project_q(h),
+                (k, v, cur_mask, i - j_cur),
+                (mem_k, mem_v, mem_mask, i + n_mem - j_mem),
+            )
 
         y = self._self_block(y, attend)
         return self._rest(y, self.cross_kv(encoded), cross_mask)
@@ -368,26 +398,22 @@ class XLDecoderLayer(nn.Module):
         y: Array,
         index: Array,
         cache: Cache,
-        memory_kv: dict[str, Array],
+        inputs: dict[str, Array],
         memory_mask: Array,
         cross_mask: Array,
     ) -> tuple[Array, Cache]:
-        """One position ``y [B, 1, D]`` at ``index``; returns the output and updated cache."""
+        """One position ``y [N, 1, D]`` at ``index``: ``cache`` (self-attention keys/values)
+        has ``N`` rows, ``inputs`` (memory and cross keys/values) and the masks one per
+        example. Returns the output and the updated cache."""
         L, Tm = cache["key"].shape[1], memory_mask.shape[1]
         n_mem = jnp.sum(memory_mask > 0, axis=-1)[:, None, None]
         j_mem, j_cur = jnp.arange(Tm)[None, None, :], jnp.arange(L)[None, None, :]
-        batch = y.shape[0]
-        distances = jnp.concatenate(
-            [
-                jnp.broadcast_to(index + n_mem - j_mem, (batch, 1, Tm)),
-                jnp.broadcast_to(index - j_cur, (batch, 1, L)),
-            ],
-            axis=-1,
+        memory = (
+            inputs["key"],
+            inputs["value"],
+            (memory_mask > 0)[:, None, None, :],
+            index + n_mem - j_mem,
         )
-        mask = jnp.concatenate(
-            [memory_mask[:, None, :] > 0, jnp.broadcast_to(j_cur <= index, (batch, 1, L))],
-            axis=-1,
-        )[:, None]
         new_cache: Cache = {}
 
         def attend(h: Array) -> Array:
@@ -395,13 +421,11 @@ class XLDecoderLayer(nn.Module):
             k = jax.lax.dynamic_update_slice_in_dim(cache["key"], k, index, axis=1)
             v = jax.lax.dynamic_update_slice_in_dim(cache["value"], v, index, axis=1)
             new_cache.update(cache, key=k, value=v)
-            keys = jnp.concatenate([memory_kv["key"], k], axis=1)
-            values = jnp.concatenate([memory_kv["value"], v], axis=1)
-            q = self.self_attention.project_q(h)
-            return self.self_attention.attend(q, keys, values, mask, distances, L + Tm)
+            current = (k, v, (j_cur <= index)[:, None], index - j_cur)
+            return self.self_attention.attend(self.self_attention.project_q(h), current, memory)
 
         y = self._self_block(y, attend)
-        y = self._rest(y, (cache["cross_key"], cache["cross_value"]), cross_mask)
+        y = self._rest(y, (inputs["cross_key"], inputs["cross_value"]), cross_mask)
         return y, new_cache
 
 
@@ -615,29 +639,35 @@ class Final(nn.Module):
         )
         return _memory(inputs + [last], tgt_mask)
 
-    def init_cache(self, encoded: Array, max_len: int) -> Cache:
-        """Empty cache for ``max_len`` positions of one sentence, cross keys/values filled."""
-        cfg = self.config
-        heads, head_dim = cfg.num_heads, cfg.d_model // cfg.num_heads
-        zeros = jnp.zeros((encoded.shape[0], max_len, heads, head_dim), cfg.dtype)
-        cache: Cache = {"index": jnp.zeros((), jnp.int32)}
-        for i, layer in enumerate(self.decoder_layers):
-            k, v = layer.cross_kv(encoded)
-            cache[f"layer_{i}"] = {"key": zeros, "value": zeros, "cross_key": k, "cross_value": v}
-        return cache
+    def init_cache(self, batch: int, max_len: int) -> Cache:
+        """Empty cache for ``max_len`` positions of one sentence (self-attention keys/values)."""
+        return transformer.empty_self_attention_cache(self.config, batch, max_len)
 
-    def decode_extra(self, src_mask: Array, memory: Memory) -> dict[str, Any]:
-        """Per-example inputs of :meth:`decode_step` (the ``extra`` of ``beam_search``): the
-        source mask and the previous sentence's memory projected to keys/values once."""
-        extra: dict[str, Any] = {"src_mask": src_mask, "memory_mask": memory["mask"]}
+    def memory_kv(self, memory: Memory) -> MemoryKV:
+        """The memory's self-attention keys/values: ``{"mask", "layer_i": {"key", "value"}}``
+        (``[B, Tm, H, d]``), what the XL layers attend to when decoding."""
+        memory_kv: MemoryKV = {"mask": memory["mask"]}
         if self.config.xl_decoder:
             for i, layer in enumerate(self.decoder_layers):
                 k, v = layer.memory_kv(memory[f"layer_{i}"])
-                extra[f"layer_{i}"] = {"key": k, "value": v}
+                memory_kv[f"layer_{i}"] = {"key": k, "value": v}
+        return memory_kv
+
+    def decode_inputs(self, encoded: Array, src_mask: Array, memory: MemoryKV) -> dict[str, Any]:
+        """Per-example inputs of :meth:`decode_step` (the ``extra`` of ``beam_search``, one row
+        per example, shared by its beams): the source mask, every layer's cross-attention
+        keys/values (computed once) and the previous sentence's memory keys/values."""
+        extra: dict[str, Any] = {"src_mask": src_mask, "memory_mask": memory["mask"]}
+        for i, layer in enumerate(self.decoder_layers):
+            k, v = layer.cross_kv(encoded)
+            extra[f"layer_{i}"] = {"cross_key": k, "cross_value": v}
+            if self.config.xl_decoder:
+                extra[f"layer_{i}"].update(memory[f"layer_{i}"])
         return extra
 
     def decode_step(self, cache: Cache, token: Array, extra: dict[str, Any]) -> tuple[Array, Cache]:
-        """One step: ``token [B]`` at ``cache['index']`` -> (logits ``[B, V]``, new cache)."""
+        """One step: ``token [N]`` at ``cache['index']`` -> (logits ``[N, V]``, new cache);
+        ``cache`` has ``N`` rows (beams), ``extra`` (:meth:`decode_inputs`) one per example."""
         cfg = self.config
         index = cache["index"]
         max_len = cache["layer_0"]["key"].shape[1]
@@ -656,10 +686,36 @@ class Final(nn.Module):
                 )
             else:
                 self_mask = (jnp.arange(max_len) <= index)[None, None, None, :]
+                cross_kv = (extra[name]["cross_key"], extra[name]["cross_value"])
                 y, new_cache[name] = layer(
-                    y, self_mask, None, cross_mask, cache=cache[name], index=index
+                    y,
+                    self_mask,
+                    None,
+                    cross_mask,
+                    cache=cache[name],
+                    index=index,
+                    cross_kv=cross_kv,
                 )
         return self._output(y)[:, 0], new_cache
+
+
+def encode_in_groups(
+    module: Final, variables: Any, src: Array, src_mask: Array, max_tokens: int = 2048
+) -> Array:
+    """:meth:`Final.encode` of ``src [B, S, T]``; on CPU in groups of chunks of at most
+    ``max_tokens`` source slots (``lax.map``), whose activations stay in the CPU caches: at
+    the batch sizes of sequential decoding this encodes ~1.6x faster (BUILD_NOTES.md,
+    Performance). Accelerators encode the whole batch in one call."""
+    B, S, T = src.shape
+    groups = next((g for g in range(1, B + 1) if B % g == 0 and (B // g) * S * T <= max_tokens), B)
+    if groups == 1 or jax.default_backend() != "cpu":
+        return module.apply(variables, src, src_mask, method=module.encode)
+    shape = (groups, B // groups, S, T)
+    encoded = jax.lax.map(
+        lambda xs: module.apply(variables, xs[0], xs[1], method=module.encode),
+        (src.reshape(shape), src_mask.reshape(shape)),
+    )
+    return encoded.reshape((B,) + encoded.shape[2:])
 
 
 class FinalTask:
@@ -711,9 +767,10 @@ class FinalTask:
         """Beam search of every sentence of the chunks: ids ``[B, S, L]`` (EOS, then PAD).
 
         The source chunk is encoded once. With the XL decoder the sentences are translated in
-        order (``lax.scan`` over ``S``): the memory of sentence ``k`` is computed teacher-forced
-        over the translation chosen for ``k-1`` (never the reference). Without it every
-        sentence is searched in parallel. Padding sentences give PAD rows.
+        order (``lax.scan`` over ``S``): the memory of sentence ``k`` is the decoder keys/values
+        of the translation chosen for ``k-1`` (never the reference), kept by the beam search
+        (``keep_best_cache``). Without it every sentence is searched in parallel. Padding
+        sentences give PAD rows.
         """
         cfg = self.config
         module = self.eval_module
@@ -721,7 +778,7 @@ class FinalTask:
         src, src_mask = batch["src"], batch["src_mask"]
         B, S, T = src.shape
         max_len = search.output_len(T)
-        encoded = module.apply(variables, src, src_mask, method=module.encode)
+        encoded = encode_in_groups(module, variables, src, src_mask)
         limits = source_length_limits(
             src_mask.reshape(B * S, T), search.len_a, search.len_b, max_len
         ).reshape(B, S)
@@ -733,38 +790,37 @@ class FinalTask:
             beam_search, step_fn, beam_size=search.beam_size, alpha=search.alpha, max_len=max_len
         )
 
-        def translate(encoded_k: Array, mask_k: Array, limits_k: Array, memory: Memory) -> Any:
-            cache = module.apply(variables, encoded_k, max_len, method=module.init_cache)
-            extra = module.apply(variables, mask_k, memory, method=module.decode_extra)
-            return search_fn(cache, extra, max_lengths=limits_k)
+        def translate(encoded_k: Array, mask_k: Array, limits_k: Array, memory: MemoryKV) -> Any:
+            cache = transformer.empty_self_attention_cache(cfg, encoded_k.shape[0], max_len)
+            extra = module.apply(variables, encoded_k, mask_k, memory, method=module.decode_inputs)
+            return search_fn(cache, extra, max_lengths=limits_k, keep_best_cache=cfg.xl_decoder)
 
         if not cfg.xl_decoder:
             rows = B * S
-            memory = empty_memory(cfg, rows, 1)
             result = translate(
-                encoded.reshape(rows, T, -1), src_mask.reshape(rows, T), limits.reshape(-1), memory
+                encoded.reshape(rows, T, -1),
+                src_mask.reshape(rows, T),
+                limits.reshape(-1),
+                {"mask": jnp.zeros((rows, 1), jnp.int32)},
             )
             ids = result.sequences[:, 0].reshape(B, S, max_len)
         else:
 
-            def body(memory: Memory, xs: tuple[Array, Array, Array]) -> tuple[Memory, Array]:
-                encoded_k, mask_k, limits_k = xs
-                result = translate(encoded_k, mask_k, limits_k, memory)
-                best = result.sequences[:, 0]
-                best_mask = (jnp.arange(max_len)[None] < result.lengths[:, :1]).astype(jnp.int32)
-                memory = module.apply(
-                    variables,
-                    encoded_k,
-                    mask_k,
-                    best,
-                    best_mask,
-                    memory,
-                    method=module.sentence_memory,
-                )
-                return memory, best
+            def body(memory: MemoryKV, xs: tuple[Array, Array, Array]) -> tuple[MemoryKV, Array]:
+                result = translate(*xs, memory)
+                # The next memory: the keys/values of the chosen translation, straight from the
+                # search's cache (the inputs BOS, y_1 .. y_{n-1} of its n tokens), equal to a
+                # teacher-forced pass over it (tests/test_final.py) without recomputing it.
+                best_mask = jnp.arange(max_len)[None] < result.lengths[:, :1]
+                memory = {"mask": best_mask.astype(jnp.int32)}
+                memory.update({k: v for k, v in result.best_cache.items() if k != "index"})
+                return memory, result.sequences[:, 0]
 
+            empty = transformer.empty_self_attention_cache(cfg, B, max_len)
+            empty = {k: v for k, v in empty.items() if k != "index"}
+            empty["mask"] = jnp.zeros((B, max_len), jnp.int32)  # sentence 0: no memory
             xs = (encoded.swapaxes(0, 1), src_mask.swapaxes(0, 1), limits.swapaxes(0, 1))
-            _, ids = jax.lax.scan(body, empty_memory(cfg, B, max_len), xs)
+            _, ids = jax.lax.scan(body, empty, xs)
             ids = ids.swapaxes(0, 1)
         real = jnp.any(src_mask > 0, axis=-1)[..., None]
         return jnp.where(real, ids, PAD_ID)

@@ -190,7 +190,16 @@ class MultiHeadAttention(nn.Module):
         bias: Array | None = None,
         return_weights: bool = False,
     ) -> Array | tuple[Array, Array]:
-        """Attention of projected queries over projected keys/values, output projected to D."""
+        """Attention of projected queries over projected keys/values, output projected to D.
+
+        ``q`` may hold ``G`` rows per key row (``q [B*G, Tq, H, d]``, ``k, v [B, Tk, H, d]``,
+        each example's ``G`` rows contiguous): the beams of a search share their example's
+        cross-attention keys, read once instead of once per beam. ``mask`` and ``bias`` then
+        broadcast to ``[B, H, G*Tq, Tk]`` (their query axis of size 1).
+        """
+        groups = q.shape[0] // k.shape[0]
+        rows, tq = q.shape[:2]
+        q = group_rows(q, groups)
         depth = q.shape[-1]
         logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(depth)
         if bias is not None:
@@ -200,7 +209,7 @@ class MultiHeadAttention(nn.Module):
         weights = jax.nn.softmax(logits, axis=-1)
         dropped = self.dropout(weights, deterministic=self.deterministic)
         out = jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(self.dtype), v)
-        out = self.out(out)
+        out = self.out(out.reshape((rows, tq) + out.shape[2:]))
         return (out, weights) if return_weights else out
 
     def __call__(self, q_in: Array, kv_in: Array, mask: Array | None) -> Array:
@@ -228,6 +237,14 @@ class Sublayer(nn.Module):
         if self.pre_ln:
             return x + drop(fn(norm(x)), deterministic=self.deterministic)
         return norm(x + drop(fn(x), deterministic=self.deterministic))
+
+
+def group_rows(x: Array, groups: int) -> Array:
+    """``[B*G, T, ...] -> [B, G*T, ...]``: the ``G`` contiguous rows of an example (its beams)
+    become one row of ``G*T`` positions, so they share per-example keys in one matmul."""
+    if groups == 1:
+        return x
+    return x.reshape((x.shape[0] // groups, groups * x.shape[1]) + x.shape[2:])
 
 
 def padding_mask(q_mask: Array, k_mask: Array) -> Array:

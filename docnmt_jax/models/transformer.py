@@ -80,8 +80,8 @@ class DecoderLayer(nn.Module):
     """Masked self-attention, cross-attention to the encoder, FFN.
 
     With ``cache`` (decoding one position at a time) the self-attention keys/values of earlier
-    positions come from ``cache['key'|'value']`` and the cross-attention ones from
-    ``cache['cross_key'|'cross_value']``; the updated cache is returned.
+    positions come from ``cache['key'|'value']`` (one row per beam) and the cross-attention ones
+    from ``cross_kv`` (one row per example, shared by its beams); the updated cache is returned.
     """
 
     config: TransformerConfig
@@ -103,6 +103,7 @@ class DecoderLayer(nn.Module):
         cross_mask: Array,
         cache: Cache | None = None,
         index: Array | None = None,
+        cross_kv: tuple[Array, Array] | None = None,
     ) -> tuple[Array, Cache | None]:
         new_cache = None
 
@@ -116,10 +117,7 @@ class DecoderLayer(nn.Module):
             return self.self_attention.attend(self.self_attention.project_q(h), k, v, self_mask)
 
         def cross_block(h: Array) -> Array:
-            if cache is not None:
-                k, v = cache["cross_key"], cache["cross_value"]
-            else:
-                k, v = self.cross_attention.project_kv(encoded)
+            k, v = cross_kv if cross_kv is not None else self.cross_attention.project_kv(encoded)
             return self.cross_attention.attend(self.cross_attention.project_q(h), k, v, cross_mask)
 
         y = self.self_attention_block(y, self_block)
@@ -182,31 +180,53 @@ class Transformer(nn.Module):
         encoded = self.encode(src, src_mask)
         return self.decode(encoded, src_mask, layers.shift_right(tgt, BOS_ID), tgt_mask)
 
-    def init_cache(self, encoded: Array, max_len: int) -> Cache:
-        """An empty decoding cache for ``max_len`` target positions, cross keys/values filled."""
-        batch = encoded.shape[0]
-        heads = self.config.num_heads
-        head_dim = self.config.d_model // heads
-        zeros = jnp.zeros((batch, max_len, heads, head_dim), self.config.dtype)
-        cache: Cache = {"index": jnp.zeros((), jnp.int32)}
+    def init_cache(self, batch: int, max_len: int) -> Cache:
+        """An empty decoding cache: self-attention keys/values for ``max_len`` positions."""
+        return empty_self_attention_cache(self.config, batch, max_len)
+
+    def decode_inputs(self, encoded: Array, src_mask: Array) -> dict[str, Any]:
+        """Per-example inputs of :meth:`decode_step` (the ``extra`` of ``beam_search``): the
+        source mask and every layer's cross-attention keys/values, computed once per source."""
+        extra: dict[str, Any] = {"src_mask": src_mask}
         for i, layer in enumerate(self.decoder_layers):
             k, v = layer.cross_kv(encoded)
-            cache[f"layer_{i}"] = {"key": zeros, "value": zeros, "cross_key": k, "cross_value": v}
-        return cache
+            extra[f"layer_{i}"] = {"cross_key": k, "cross_value": v}
+        return extra
 
-    def decode_step(self, cache: Cache, token: Array, src_mask: Array) -> tuple[Array, Cache]:
-        """One step: ``token [B]`` at position ``cache['index']`` -> logits ``[B, V]``."""
+    def decode_step(self, cache: Cache, token: Array, extra: dict[str, Any]) -> tuple[Array, Cache]:
+        """One step: ``token [N]`` at position ``cache['index']`` -> logits ``[N, V]``.
+
+        ``cache`` has ``N`` rows (one per beam); ``extra`` (:meth:`decode_inputs`) has one row
+        per example, ``N`` a multiple of it with each example's beams contiguous.
+        """
         index = cache["index"]
         max_len = cache["layer_0"]["key"].shape[1]
         y = self._embed(token[:, None], jnp.full(token.shape + (1,), index))
         self_mask = (jnp.arange(max_len) <= index)[None, None, None, :]
-        cross_mask = (src_mask > 0)[:, None, None, :]
+        cross_mask = (extra["src_mask"] > 0)[:, None, None, :]
         new_cache: Cache = {"index": index + 1}
         for i, layer in enumerate(self.decoder_layers):
+            inputs = extra[f"layer_{i}"]
             y, new_cache[f"layer_{i}"] = layer(
-                y, self_mask, None, cross_mask, cache=cache[f"layer_{i}"], index=index
+                y,
+                self_mask,
+                None,
+                cross_mask,
+                cache=cache[f"layer_{i}"],
+                index=index,
+                cross_kv=(inputs["cross_key"], inputs["cross_value"]),
             )
         return self._output(y)[:, 0], new_cache
+
+
+def empty_self_attention_cache(config: TransformerConfig, batch: int, max_len: int) -> Cache:
+    """``{"index": 0, "layer_i": {"key", "value": zeros [batch, max_len, H, D/H]}}``."""
+    heads = config.num_heads
+    zeros = jnp.zeros((batch, max_len, heads, config.d_model // heads), config.dtype)
+    cache: Cache = {"index": jnp.zeros((), jnp.int32)}
+    for i in range(config.num_decoder_layers):
+        cache[f"layer_{i}"] = {"key": zeros, "value": zeros}
+    return cache
 
 
 def sentence_rows(batch: dict[str, Array]) -> dict[str, Array]:
@@ -257,29 +277,45 @@ class SentenceTransformerTask:
     def translate_batch(self, params: Any, batch: dict[str, Array], search: Any) -> Array:
         """Beam search over every sentence of ``batch``: ids ``[B, S, L]`` (EOS, then PAD).
 
-        The encoder runs once; the search's cache holds the decoder self-attention keys and
-        values plus the cross-attention keys and values of the encoder output.
+        The encoder runs once (:func:`search_rows`).
         """
         rows = sentence_rows(batch)
-        module = self.eval_module
-        variables = {"params": params}
         max_len = search.output_len(rows["src"].shape[-1])
-        encoded = module.apply(variables, rows["src"], rows["src_mask"], method=module.encode)
-        cache = module.apply(variables, encoded, max_len, method=module.init_cache)
         max_lengths = source_length_limits(rows["src_mask"], search.len_a, search.len_b, max_len)
-
-        def step_fn(cache: Cache, tokens: Array, extra: dict[str, Array]) -> tuple[Array, Cache]:
-            return module.apply(
-                variables, cache, tokens, extra["src_mask"], method=module.decode_step
-            )
-
-        result = beam_search(
-            step_fn,
-            cache,
-            {"src_mask": rows["src_mask"]},
-            beam_size=search.beam_size,
-            alpha=search.alpha,
-            max_len=max_len,
-            max_lengths=max_lengths,
+        result = search_rows(
+            self.eval_module, params, rows["src"], rows["src_mask"], search, max_len, max_lengths
         )
         return result.sequences[:, 0].reshape(batch["src"].shape[:2] + (max_len,))
+
+
+def search_rows(
+    module: Transformer,
+    params: Any,
+    src: Array,
+    src_mask: Array,
+    search: Any,
+    max_len: int,
+    max_lengths: Array,
+    allow_bos: bool = False,
+) -> Any:
+    """Encodes ``src [N, Ts]`` once and beam-searches every row (``search``: beam size and
+    alpha): the cache holds the decoder self-attention keys/values (reordered with the beams);
+    the cross-attention keys/values are per-example inputs, never tiled or reordered."""
+    variables = {"params": params}
+    encoded = module.apply(variables, src, src_mask, method=module.encode)
+    cache = empty_self_attention_cache(module.config, encoded.shape[0], max_len)
+    extra = module.apply(variables, encoded, src_mask, method=module.decode_inputs)
+
+    def step_fn(cache: Cache, tokens: Array, extra: dict[str, Any]) -> tuple[Array, Cache]:
+        return module.apply(variables, cache, tokens, extra, method=module.decode_step)
+
+    return beam_search(
+        step_fn,
+        cache,
+        extra,
+        beam_size=search.beam_size,
+        alpha=search.alpha,
+        max_len=max_len,
+        max_lengths=max_lengths,
+        allow_bos=allow_bos,
+    )
