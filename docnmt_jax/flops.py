@@ -12,8 +12,9 @@ Transformer and Doc2Doc, 0.97-0.98 x 3x forward for FINAL.
 
 Notation: a batch of ``B`` chunks of ``S`` sentences, ``Ts`` source and ``Tt`` target tokens
 per sentence; ``N = B·S`` sentence rows; ``D`` model, ``F`` feed-forward, ``H`` heads, ``V``
-vocabulary; ``R2 = 2·min(max_relative_distance, S-1) + 1``, the sentence distances that occur. Attention terms are summed over heads
-(``H`` heads of ``D/H`` = one ``D``-wide product). Padding costs as much as real tokens.
+vocabulary; ``R2 = 2·min(max_relative_distance, S-1) + 1``, the sentence distances that
+occur. Attention terms are summed over heads (``H`` heads of ``D/H`` = one ``D``-wide
+product). Padding costs as much as real tokens.
 
 Sentence Transformer, per sentence row (``N`` rows)::
 

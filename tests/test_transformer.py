@@ -125,3 +125,21 @@ def test_sinusoidal_encoding_matches_formula():
             angle = p / 10000 ** (i / 4)
             assert enc[row, i] == pytest.approx(np.sin(angle), abs=1e-5)
             assert enc[row, 4 + i] == pytest.approx(np.cos(angle), abs=1e-5)
+
+
+def test_tied_logits_gradients_match_float64():
+    """The custom backward of the tied output projection against the float64 products:
+    d x = g E and d E = g^T x, for a loss sum(g * logits) with a fixed random ``g``."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 3, 5)).astype(np.float32)
+    table = rng.normal(size=(7, 5)).astype(np.float32)
+    g = rng.normal(size=(2, 3, 7)).astype(np.float32)
+    dx, dtable = jax.grad(lambda a, b: jnp.sum(layers.tied_logits(a, b) * g), argnums=(0, 1))(
+        x, table
+    )
+    x64, t64, g64 = (np.asarray(a, np.float64) for a in (x, table, g))
+    np.testing.assert_allclose(layers.tied_logits(x, table), x64 @ t64.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx, g64 @ t64, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        dtable, g64.reshape(-1, 7).T @ x64.reshape(-1, 5), rtol=1e-5, atol=1e-5
+    )
