@@ -2,6 +2,7 @@
 
     python launch/translate.py --workdir runs/NAME --input FILE --output FILE \\
         [--beam 5 --alpha 0.6 --batch_tokens 4096 --checkpoint best|latest|STEP]
+        [--mesh DATA,FSDP,MODEL]
 
 Input: TSV ``doc_id<TAB>src[<TAB>tgt]`` (header optional) or plain text with a blank line
 between documents. Output: TSV ``doc_id<TAB>hyp`` with a header, one row per input sentence, in
@@ -34,7 +35,27 @@ _MAX_LEN = flags.DEFINE_integer("max_len", 256, "Absolute output limit in tokens
 _BATCH_TOKENS = flags.DEFINE_integer("batch_tokens", 4096, "Padded source tokens per batch.")
 _BLOCK = flags.DEFINE_integer("block_documents", 256, "Documents read and translated at a time.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "best", "best, latest or a step number.")
+_MESH = flags.DEFINE_string(
+    "mesh",
+    "",
+    "Search on a device mesh: sizes DATA,FSDP,MODEL (-1: the rest of the devices), e.g. 8,1,1 "
+    "or -1,1,2; empty: one device.",
+)
 flags.mark_flags_as_required(["workdir", "input", "output"])
+
+
+def parse_mesh(text: str) -> dict[str, int] | None:
+    """``"DATA,FSDP,MODEL"`` -> ``{"data", "fsdp", "model"}`` sizes; ``""`` -> ``None``."""
+    if not text:
+        return None
+    parts = text.split(",")
+    try:
+        sizes = [int(p) for p in parts]
+    except ValueError:
+        sizes = []
+    if len(sizes) != 3:
+        raise app.UsageError(f"--mesh={text!r}: expected three integers DATA,FSDP,MODEL")
+    return dict(zip(("data", "fsdp", "model"), sizes, strict=True))
 
 
 def main(argv: list[str]) -> None:
@@ -49,7 +70,11 @@ def main(argv: list[str]) -> None:
         max_len=_MAX_LEN.value,
     )
     translator, step = load_translator(
-        _WORKDIR.value, _CHECKPOINT.value, search, batch_tokens=_BATCH_TOKENS.value
+        _WORKDIR.value,
+        _CHECKPOINT.value,
+        search,
+        batch_tokens=_BATCH_TOKENS.value,
+        mesh=parse_mesh(_MESH.value),
     )
     print(f"translating {_INPUT.value} with {_WORKDIR.value} step {step}, beam {search.beam_size}")
     documents = ((doc_id, sents) for doc_id, sents, _ in iter_source_documents(_INPUT.value))

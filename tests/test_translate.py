@@ -26,12 +26,13 @@ def trained_run(synthetic_dir, tmp_path_factory):
     return workdir
 
 
-def _run(script, *args):
+def _run(script, *args, env=None):
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "launch", script), *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
+        env=env,
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -83,3 +84,28 @@ def test_streamed_blocks_equal_one_pass(trained_run, synthetic_dir):
     assert [hyps for _, hyps in streamed] == whole
     # sentence-level batches: one compilation per length bucket at most
     assert 1 <= translator.stats.compilations <= len(translator.pipeline_config.t_buckets)
+
+
+def test_translate_on_a_device_mesh_equals_one_device(trained_run, synthetic_dir, tmp_path):
+    """``--mesh`` searches sharded over 4 simulated CPU devices: the same translations."""
+    src = os.path.join(synthetic_dir, "test.tsv")
+    one, sharded = tmp_path / "one.tsv", tmp_path / "mesh.tsv"
+    common = [f"--workdir={trained_run}", f"--input={src}", "--beam=2", "--block_documents=4"]
+    _run("translate.py", *common, f"--output={one}")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    _run("translate.py", *common, f"--output={sharded}", "--mesh=2,1,2", env=env)
+    assert sharded.read_text(encoding="utf-8") == one.read_text(encoding="utf-8")
+    bad = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "launch", "translate.py"),
+            *common,
+            f"--output={tmp_path / 'bad.tsv'}",
+            "--mesh=2,2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert bad.returncode != 0 and "DATA,FSDP,MODEL" in bad.stderr
