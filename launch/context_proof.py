@@ -51,38 +51,55 @@ TINY = dict(
 )
 
 
-# The warm-up task of ``--warmup_task_steps``: the same lexicon (same seed and lexicon fields),
-# every document with a pronoun and a topic, antecedents 1-3 sentences back, 2-4 sentences.
-WARMUP_TASK = dict(
-    distances=(1, 2, 3), min_sentences=2, max_sentences=4, p_pronoun=1.0, p_topic=1.0
+# The curriculum of ``--curriculum_steps``: short, dense variants of the task with the same
+# lexicon (same seed and lexicon fields), 2-4 sentences each, one phenomenon discovered at a
+# time. A tiny model that has learned one phenomenon is slow to discover the other on the
+# full task (BUILD_NOTES.md, "Does FINAL use the context?").
+CURRICULUM: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("topic", dict(distances=(1, 2, 3), p_pronoun=0.0, p_topic=1.0)),
+    ("pronoun", dict(distances=(1,), p_pronoun=1.0, p_topic=0.0)),
+    ("both", dict(distances=(1, 2, 3), p_pronoun=1.0, p_topic=1.0)),
 )
+CURRICULUM_DOCUMENTS = dict(min_sentences=2, max_sentences=4)
 
 
 def warm_start(
-    config: ml_collections.ConfigDict, workdir: str, steps: int, seed: int = 0
+    config: ml_collections.ConfigDict, workdir: str, stage_steps: list[int], seed: int = 0
 ) -> ml_collections.ConfigDict:
-    """Trains ``config`` for ``steps`` on the short, dense :data:`WARMUP_TASK` (a curriculum
-    step), with a tokenizer trained on ``config``'s own (default) corpus, and returns
-    ``config`` set to start from those parameters with that tokenizer."""
+    """Trains ``config`` through the :data:`CURRICULUM` stages (``stage_steps[i]`` steps on
+    stage ``i``, each starting from the previous one's parameters; 0 skips a stage), with a
+    tokenizer trained on ``config``'s own (default) corpus, and returns ``config`` set to
+    start from the last stage's parameters with that tokenizer."""
+    if len(stage_steps) > len(CURRICULUM):
+        raise ValueError(f"{len(stage_steps)} curriculum steps for {len(CURRICULUM)} stages")
     train_docs = trainer.load_documents(config.data, "train")
     tokenizer = get_or_train_tokenizer(
         os.path.join(workdir, "spm.model"),
         train_docs,
         vocab_size=synthetic.word_level_vocab_size(train_docs),
     )
-    easy_dir = os.path.join(workdir, "warmup_data")
-    if not os.path.exists(os.path.join(easy_dir, "test.labels.jsonl")):
-        easy = synthetic.SyntheticConfig(num_documents=len(train_docs), seed=seed, **WARMUP_TASK)
-        synthetic.write_corpus(easy_dir, easy, {"train": len(train_docs), "dev": 100, "test": 10})
-    easy_config = ml_collections.ConfigDict(config.to_dict())
-    easy_config.data.data_dir = easy_dir
-    easy_config.data.tokenizer = tokenizer.model_path
-    easy_config.train.num_steps = easy_config.train.eval_every = steps
-    easy_config.train.checkpoint_every = steps
-    trainer.train_and_evaluate(easy_config, os.path.join(workdir, "warmup_model"))
+    init_from = config.get("init_from", "")
+    for (name, task), steps in zip(CURRICULUM, stage_steps, strict=False):
+        if not steps:
+            continue
+        stage_dir = os.path.join(workdir, f"curriculum_{name}")
+        data_dir = os.path.join(stage_dir, "data")
+        if not os.path.exists(os.path.join(data_dir, "test.labels.jsonl")):
+            stage = synthetic.SyntheticConfig(
+                num_documents=len(train_docs), seed=seed, **CURRICULUM_DOCUMENTS, **task
+            )
+            synthetic.write_corpus(data_dir, stage, {"train": len(train_docs), "dev": 100})
+        stage_config = ml_collections.ConfigDict(config.to_dict())
+        stage_config.data.data_dir = data_dir
+        stage_config.data.tokenizer = tokenizer.model_path
+        stage_config.init_from = init_from
+        stage_config.train.num_steps = stage_config.train.eval_every = steps
+        stage_config.train.checkpoint_every = steps
+        trainer.train_and_evaluate(stage_config, os.path.join(stage_dir, "model"))
+        init_from = os.path.join(stage_dir, "model")
     config = ml_collections.ConfigDict(config.to_dict())
     config.data.tokenizer = tokenizer.model_path
-    config.init_from = os.path.join(workdir, "warmup_model")
+    config.init_from = init_from
     return config
 
 
@@ -219,12 +236,17 @@ def score(workdir: str, data_dir: str, batch_tokens: int = 4096) -> dict[str, An
 
 
 def run(
-    config: ml_collections.ConfigDict, workdir: str, contrastive_split: str = "test"
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    contrastive_split: str = "test",
+    track: bool = False,
 ) -> dict[str, Any]:
     """Trains ``config`` in ``workdir``, scores the greedy translation of the test split and
-    the forced choice (``contrastive``) on ``contrastive_split``."""
+    the forced choice (``contrastive``) on ``contrastive_split``; ``track`` logs the forced
+    choice on the dev split at every evaluation (:func:`contrastive_hook`)."""
     start = time.monotonic()
-    result = trainer.train_and_evaluate(config, workdir)
+    hooks = (contrastive_hook(config, workdir, "dev"),) if track else ()
+    result = trainer.train_and_evaluate(config, workdir, eval_hooks=hooks)
     train_s = time.monotonic() - start
     scores = score(workdir, config.data.data_dir, config.data.eval_batch_tokens)
     task, params = _task_and_params(workdir)
@@ -293,11 +315,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tiny", action="store_true", help="start from the TINY settings")
     p.add_argument("--json_out", default="", help="write the scores here as JSON")
     p.add_argument(
-        "--warmup_task_steps",
-        type=int,
-        default=0,
-        help="first train this many steps on the short, dense WARMUP_TASK (curriculum), then "
-        "on the default task from those parameters",
+        "--track", action="store_true", help="log the dev forced choice at every evaluation"
+    )
+    p.add_argument(
+        "--curriculum_steps",
+        default="",
+        help="comma-separated steps of the CURRICULUM stages ("
+        + ", ".join(n for n, _ in CURRICULUM)
+        + "), trained in order before the default task, e.g. 1500,1000,1000",
     )
     for key in (
         "d_model",
@@ -308,6 +333,7 @@ def main(argv: list[str] | None = None) -> None:
         "vocab_size",
         "batch_tokens",
         "num_steps",
+        "eval_every",
         "warmup_steps",
         "seed",
     ):
@@ -333,14 +359,19 @@ def main(argv: list[str] | None = None) -> None:
                 "test_docs",
                 "tiny",
                 "json_out",
-                "warmup_task_steps",
+                "curriculum_steps",
+                "track",
             )
         }
     )
     config = proof_config(load_config(args.config), data_dir, **overrides)
-    if args.warmup_task_steps:
-        config = warm_start(config, args.workdir, args.warmup_task_steps, config.train.seed)
-    scores = run(config, os.path.join(args.workdir, "model"))
+    if args.curriculum_steps:
+        try:
+            stage_steps = [int(x) for x in args.curriculum_steps.split(",")]
+        except ValueError:
+            p.error(f"--curriculum_steps={args.curriculum_steps!r}: comma-separated integers")
+        config = warm_start(config, args.workdir, stage_steps, config.train.seed)
+    scores = run(config, os.path.join(args.workdir, "model"), track=args.track)
     print(markdown(scores, os.path.basename(args.config)))
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:

@@ -56,3 +56,38 @@ def test_final_uses_context_and_the_sentence_model_cannot(fast_corpus, tmp_path)
     # The sentence model sees one sentence: at chance (1/3) up to sampling noise (~300 labels).
     assert sentence["contrastive"]["accuracy"] <= 0.45, sentence["contrastive"]
     assert sentence["accuracy"] <= 0.45, sentence
+
+
+@pytest.mark.slow
+def test_curriculum_stages_chain_and_tracking(tmp_path, capsys):
+    """``--curriculum_steps`` trains every stage from the previous one's parameters, then the
+    default task from the last stage; ``--track`` logs the dev forced choice."""
+    workdir = tmp_path / "proof"
+    context_proof.main(
+        [
+            "--config",
+            os.path.join(context_proof.ROOT, "configs", "final.py"),
+            "--workdir",
+            str(workdir),
+            "--tiny",
+            "--train_docs",
+            "40",
+            "--test_docs",
+            "4",
+            "--curriculum_steps",
+            "2,0,2",
+            "--num_steps",
+            "2",
+            "--track",
+        ]
+    )
+    assert "forced choice" in capsys.readouterr().out
+    topic, pronoun, both = (workdir / f"curriculum_{n}" for n in ("topic", "pronoun", "both"))
+    assert (topic / "model" / "config.json").exists() and not pronoun.exists()
+    import json
+
+    both_config = json.loads((both / "model" / "config.json").read_text())
+    main_config = json.loads((workdir / "model" / "config.json").read_text())
+    assert both_config["init_from"] == str(topic / "model")
+    assert main_config["init_from"] == str(both / "model")
+    assert "ctx_acc" in (workdir / "model" / "train.log").read_text()
