@@ -75,19 +75,18 @@ def test_curriculum_stages_chain_and_tracking(tmp_path, capsys):
             "--test_docs",
             "4",
             "--curriculum_steps",
-            "2,0,2",
+            "2,2",
             "--num_steps",
             "2",
             "--track",
         ]
     )
     assert "forced choice" in capsys.readouterr().out
-    topic, pronoun, both = (workdir / f"curriculum_{n}" for n in ("topic", "pronoun", "both"))
-    assert (topic / "model" / "config.json").exists() and not pronoun.exists()
+    adjacent, short = (workdir / f"curriculum_{n}" for n in ("adjacent", "short"))
     import json
 
-    both_config = json.loads((both / "model" / "config.json").read_text())
+    short_config = json.loads((short / "model" / "config.json").read_text())
     main_config = json.loads((workdir / "model" / "config.json").read_text())
-    assert both_config["init_from"] == str(topic / "model")
-    assert main_config["init_from"] == str(both / "model")
+    assert short_config["init_from"] == str(adjacent / "model")
+    assert main_config["init_from"] == str(short / "model")
     assert "ctx_acc" in (workdir / "model" / "train.log").read_text()
