@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import time
 from pathlib import Path
 
 import pytest
@@ -304,16 +302,17 @@ def test_read_corpus_logs_summary(caplog):
     assert lines and str(PLAIN_EN) in lines[-1] and "2 documents, 3 segments" in lines[-1]
 
 
-def test_readers_are_fast(tmp_path):
+def test_readers_read_a_large_corpus_whole(tmp_path):
+    """30k rows: every document and segment comes back (speed is the benchmark's business:
+    no timed assertion here)."""
     n = 30_000
     rows = [f"doc{i // 20}\tsource sentence number {i}\tZielsatz Nummer {i}" for i in range(n)]
     tsv = write(tmp_path / "big.tsv", "\n".join(rows) + "\n")
     src = write(tmp_path / "big.en", "".join(f"<d>\n{r.split(chr(9))[1]}\n" for r in rows))
     tgt = write(tmp_path / "big.de", "".join(f"<d>\n{r.split(chr(9))[2]}\n" for r in rows))
-    start = time.perf_counter()
     docs = read_tsv(tsv)
     maruf = read_maruf(src, tgt)
-    elapsed = time.perf_counter() - start
     assert len(docs) == n // 20 and len(maruf) == n
-    assert elapsed < 1.0, elapsed
-    assert os.path.getsize(tsv) > 0
+    assert sum(len(d.src) for d in docs) == n
+    assert docs[-1].src[-1] == f"source sentence number {n - 1}"
+    assert maruf[-1].tgt == (f"Zielsatz Nummer {n - 1}",)

@@ -53,7 +53,9 @@ def test_tiny_model_overfits_a_handful_of_pairs():
     train_step, eval_step = trainer.make_steps(task, tx, schedule, smoothing=0.0, seed=0)
     state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
     first = None
-    for _ in range(250):
+    # At this learning rate the loss plateaus near 0.06 (steps 250-450) before it falls to
+    # ~1e-3 by step 500 (measured); 600 steps leave a wide margin below the bar.
+    for _ in range(600):
         state, metrics = train_step(state, batch)
         if first is None:
             first = float(metrics["loss"] / metrics["tokens"])
