@@ -268,22 +268,27 @@ class RelativeSelfAttention(nn.Module):
     def project_kv(self, x: Array) -> tuple[Array, Array]:
         return self.key(x), self.value(x)
 
-    def attend(self, q: Array, current: KeyPart, memory: KeyPart) -> Array:
+    def attend(
+        self, q: Array, current: KeyPart, memory: KeyPart, heads_major: bool = False
+    ) -> Array:
         """Attention of ``q [N, Tq, H, d]`` over ``[memory; current]``.
 
         Each part is (keys, values, mask, distances): ``current`` keys ``[N, Tk, H, d]``,
         ``memory`` keys ``[B, Tm, H, d]`` with ``N = B*G`` (``G`` contiguous query rows per
         memory row: the beams of a search); boolean masks broadcastable to ``[rows, 1, Tq, T]``
         and distances (query position minus key position, >= 0 where attended) to
-        ``[rows, Tq, T]``, ``rows`` being that part's row count.
+        ``[rows, Tq, T]``, ``rows`` being that part's row count. With ``heads_major`` the keys
+        and values of both parts are ``[rows, H, T, d]`` (decoding caches).
         """
         cfg = self.config
         N, Tq, H, dh = q.shape
         mem_k, mem_v, mem_mask, mem_dist = memory
         cur_k, cur_v, cur_mask, cur_dist = current
-        B, Tm = mem_k.shape[:2]
+        kv, length_axis = ("bhkd", 2) if heads_major else ("bkhd", 1)
+        B, Tm = mem_k.shape[0], mem_k.shape[length_axis]
+        Tk = cur_k.shape[length_axis]
         G = N // B
-        num_distances = Tm + cur_k.shape[1]
+        num_distances = Tm + Tk
         rel = layers.sinusoidal_encoding(jnp.arange(num_distances), cfg.d_model, cfg.dtype)
         r = self.position(rel)  # [R, H, d]
         q_content = q + self.content_bias.astype(q.dtype)
@@ -302,9 +307,8 @@ class RelativeSelfAttention(nn.Module):
             return jnp.broadcast_to(rows(mask, per_example), (N, 1, Tq, width))
 
         q_grouped = q_content.reshape(B, G, Tq, H, dh)
-        mem_logits = jnp.einsum("bgqhd,bkhd->bghqk", q_grouped, mem_k).reshape(N, H, Tq, Tm)
-        cur_logits = jnp.einsum("bqhd,bkhd->bhqk", q_content, cur_k)
-        Tk = cur_k.shape[1]
+        mem_logits = jnp.einsum(f"bgqhd,{kv}->bghqk", q_grouped, mem_k).reshape(N, H, Tq, Tm)
+        cur_logits = jnp.einsum(f"bqhd,{kv}->bhqk", q_content, cur_k)
         logits = jnp.concatenate(
             [
                 mem_logits.astype(jnp.float32) + position_term(mem_dist, Tm, True),
@@ -318,8 +322,8 @@ class RelativeSelfAttention(nn.Module):
         weights = jax.nn.softmax(jnp.where(mask, logits, layers.NEG_INF), axis=-1)
         weights = self.dropout(weights, deterministic=cfg.deterministic).astype(cfg.dtype)
         w_mem = weights[..., :Tm].reshape(B, G, H, Tq, Tm)
-        out = jnp.einsum("bhqk,bkhd->bqhd", weights[..., Tm:], cur_v)
-        out = out + jnp.einsum("bghqk,bkhd->bgqhd", w_mem, mem_v).reshape(N, Tq, H, dh)
+        out = jnp.einsum(f"bhqk,{kv}->bqhd", weights[..., Tm:], cur_v)
+        out = out + jnp.einsum(f"bghqk,{kv}->bgqhd", w_mem, mem_v).reshape(N, Tq, H, dh)
         return self.out(out)
 
 
@@ -347,7 +351,8 @@ class XLDecoderLayer(nn.Module):
         return self.self_attention.project_kv(memory)
 
     def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
-        return self.cross_attention.project_kv(encoded)
+        """Cross-attention keys/values ``[B, H, Ts, d]`` (heads-major) for decoding."""
+        return tuple(layers.heads_major(x) for x in self.cross_attention.project_kv(encoded))
 
     def _self_block(self, y: Array, attend: Any) -> Array:
         cfg = self.config
@@ -355,10 +360,13 @@ class XLDecoderLayer(nn.Module):
         out = y + self.self_attention_dropout(attend(h), deterministic=cfg.deterministic)
         return out if cfg.pre_ln else self.self_attention_norm(out)
 
-    def _rest(self, y: Array, cross_kv: tuple[Array, Array], cross_mask: Array) -> Array:
+    def _rest(
+        self, y: Array, cross_kv: tuple[Array, Array], cross_mask: Array, heads_major: bool
+    ) -> Array:
         def cross_block(h: Array) -> Array:
             q = self.cross_attention.project_q(h)
-            return self.cross_attention.attend(q, cross_kv[0], cross_kv[1], cross_mask)
+            k, v = cross_kv
+            return self.cross_attention.attend(q, k, v, cross_mask, heads_major=heads_major)
 
         y = self.cross_attention_block(y, cross_block)
         y = self.ffn_block(y, self.ffn)
@@ -391,7 +399,8 @@ class XLDecoderLayer(nn.Module):
             )
 
         y = self._self_block(y, attend)
-        return self._rest(y, self.cross_kv(encoded), cross_mask)
+        cross_kv = self.cross_attention.project_kv(encoded)
+        return self._rest(y, cross_kv, cross_mask, heads_major=False)
 
     def step(
         self,
@@ -405,7 +414,7 @@ class XLDecoderLayer(nn.Module):
         """One position ``y [N, 1, D]`` at ``index``: ``cache`` (self-attention keys/values)
         has ``N`` rows, ``inputs`` (memory and cross keys/values) and the masks one per
         example. Returns the output and the updated cache."""
-        L, Tm = cache["key"].shape[1], memory_mask.shape[1]
+        L, Tm = cache["key"].shape[2], memory_mask.shape[1]
         n_mem = jnp.sum(memory_mask > 0, axis=-1)[:, None, None]
         j_mem, j_cur = jnp.arange(Tm)[None, None, :], jnp.arange(L)[None, None, :]
         memory = (
@@ -418,14 +427,16 @@ class XLDecoderLayer(nn.Module):
 
         def attend(h: Array) -> Array:
             k, v = self.self_attention.project_kv(h)
-            k = jax.lax.dynamic_update_slice_in_dim(cache["key"], k, index, axis=1)
-            v = jax.lax.dynamic_update_slice_in_dim(cache["value"], v, index, axis=1)
+            k = layers.write_position(cache["key"], k, index)
+            v = layers.write_position(cache["value"], v, index)
             new_cache.update(cache, key=k, value=v)
             current = (k, v, (j_cur <= index)[:, None], index - j_cur)
-            return self.self_attention.attend(self.self_attention.project_q(h), current, memory)
+            q = self.self_attention.project_q(h)
+            return self.self_attention.attend(q, current, memory, heads_major=True)
 
         y = self._self_block(y, attend)
-        y = self._rest(y, (inputs["cross_key"], inputs["cross_value"]), cross_mask)
+        cross_kv = (inputs["cross_key"], inputs["cross_value"])
+        y = self._rest(y, cross_kv, cross_mask, heads_major=True)
         return y, new_cache
 
 
@@ -645,12 +656,16 @@ class Final(nn.Module):
 
     def memory_kv(self, memory: Memory) -> MemoryKV:
         """The memory's self-attention keys/values: ``{"mask", "layer_i": {"key", "value"}}``
-        (``[B, Tm, H, d]``), what the XL layers attend to when decoding."""
+        (``[B, H, Tm, d]``, heads-major like the search cache that is the next sentence's
+        memory), what the XL layers attend to when decoding."""
         memory_kv: MemoryKV = {"mask": memory["mask"]}
         if self.config.xl_decoder:
             for i, layer in enumerate(self.decoder_layers):
                 k, v = layer.memory_kv(memory[f"layer_{i}"])
-                memory_kv[f"layer_{i}"] = {"key": k, "value": v}
+                memory_kv[f"layer_{i}"] = {
+                    "key": layers.heads_major(k),
+                    "value": layers.heads_major(v),
+                }
         return memory_kv
 
     def decode_inputs(self, encoded: Array, src_mask: Array, memory: MemoryKV) -> dict[str, Any]:
@@ -670,7 +685,7 @@ class Final(nn.Module):
         ``cache`` has ``N`` rows (beams), ``extra`` (:meth:`decode_inputs`) one per example."""
         cfg = self.config
         index = cache["index"]
-        max_len = cache["layer_0"]["key"].shape[1]
+        max_len = cache["layer_0"]["key"].shape[2]
         y = self.embed(token[:, None])
         if not cfg.xl_decoder:
             positions = jnp.full(token.shape + (1,), index)

@@ -217,8 +217,12 @@ class MultiHeadAttention(nn.Module):
         mask: Array | None,
         bias: Array | None = None,
         return_weights: bool = False,
+        heads_major: bool = False,
     ) -> Array | tuple[Array, Array]:
         """Attention of projected queries over projected keys/values, output projected to D.
+
+        Keys/values are ``[B, Tk, H, d]`` as :meth:`project_kv` gives them, or with
+        ``heads_major`` ``[B, H, Tk, d]`` (:func:`heads_major`), the layout of decoding caches.
 
         ``q`` may hold ``G`` rows per key row (``q [B*G, Tq, H, d]``, ``k, v [B, Tk, H, d]``,
         each example's ``G`` rows contiguous): the beams of a search share their example's
@@ -229,14 +233,15 @@ class MultiHeadAttention(nn.Module):
         rows, tq = q.shape[:2]
         q = group_rows(q, groups)
         depth = q.shape[-1]
-        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(depth)
+        kv = "bhkd" if heads_major else "bkhd"
+        logits = jnp.einsum(f"bqhd,{kv}->bhqk", q, k).astype(jnp.float32) / np.sqrt(depth)
         if bias is not None:
             logits = logits + bias.astype(jnp.float32)
         if mask is not None:
             logits = jnp.where(mask, logits, NEG_INF)
         weights = jax.nn.softmax(logits, axis=-1)
         dropped = self.dropout(weights, deterministic=self.deterministic)
-        out = jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(self.dtype), v)
+        out = jnp.einsum(f"bhqk,{kv}->bqhd", dropped.astype(self.dtype), v)
         out = self.out(out.reshape((rows, tq) + out.shape[2:]))
         return (out, weights) if return_weights else out
 
@@ -273,6 +278,21 @@ def group_rows(x: Array, groups: int) -> Array:
     if groups == 1:
         return x
     return x.reshape((x.shape[0] // groups, groups * x.shape[1]) + x.shape[2:])
+
+
+def heads_major(x: Array) -> Array:
+    """Keys or values ``[B, T, H, d] -> [B, H, T, d]``: the layout of decoding caches.
+
+    A cache kept in the matmul's own layout is written in place every step; in the projection
+    layout XLA:CPU copied the whole cache transposed after every write (35% of beam-search
+    time; BUILD_NOTES.md, Performance)."""
+    return jnp.swapaxes(x, 1, 2)
+
+
+def write_position(cache: Array, x: Array, index: Array) -> Array:
+    """Writes the keys or values ``x [N, 1, H, d]`` of one step into a heads-major cache
+    ``[N, H, L, d]`` at position ``index``."""
+    return jax.lax.dynamic_update_slice_in_dim(cache, heads_major(x), index, axis=2)
 
 
 def padding_mask(q_mask: Array, k_mask: Array) -> Array:

@@ -111,14 +111,18 @@ class DecoderLayer(nn.Module):
             nonlocal new_cache
             k, v = self.self_attention.project_kv(h)
             if cache is not None:
-                k = jax.lax.dynamic_update_slice_in_dim(cache["key"], k, index, axis=1)
-                v = jax.lax.dynamic_update_slice_in_dim(cache["value"], v, index, axis=1)
+                k = layers.write_position(cache["key"], k, index)
+                v = layers.write_position(cache["value"], v, index)
                 new_cache = dict(cache, key=k, value=v)
-            return self.self_attention.attend(self.self_attention.project_q(h), k, v, self_mask)
+            q = self.self_attention.project_q(h)
+            return self.self_attention.attend(q, k, v, self_mask, heads_major=cache is not None)
 
         def cross_block(h: Array) -> Array:
-            k, v = cross_kv if cross_kv is not None else self.cross_attention.project_kv(encoded)
-            return self.cross_attention.attend(self.cross_attention.project_q(h), k, v, cross_mask)
+            q = self.cross_attention.project_q(h)
+            if cross_kv is not None:
+                return self.cross_attention.attend(q, *cross_kv, cross_mask, heads_major=True)
+            k, v = self.cross_attention.project_kv(encoded)
+            return self.cross_attention.attend(q, k, v, cross_mask)
 
         y = self.self_attention_block(y, self_block)
         y = self.cross_attention_block(y, cross_block)
@@ -126,8 +130,9 @@ class DecoderLayer(nn.Module):
         return layers.constrain(y, ("batch", "length", "embed")), new_cache
 
     def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
-        """Cross-attention keys/values of the encoder output, computed once per source."""
-        return self.cross_attention.project_kv(encoded)
+        """Cross-attention keys/values ``[B, H, Ts, d]`` (heads-major, the layout
+        :meth:`__call__` takes as ``cross_kv``) of the encoder output, once per source."""
+        return tuple(layers.heads_major(x) for x in self.cross_attention.project_kv(encoded))
 
 
 class Transformer(nn.Module):
@@ -200,7 +205,7 @@ class Transformer(nn.Module):
         per example, ``N`` a multiple of it with each example's beams contiguous.
         """
         index = cache["index"]
-        max_len = cache["layer_0"]["key"].shape[1]
+        max_len = cache["layer_0"]["key"].shape[2]
         y = self._embed(token[:, None], jnp.full(token.shape + (1,), index))
         self_mask = (jnp.arange(max_len) <= index)[None, None, None, :]
         cross_mask = (extra["src_mask"] > 0)[:, None, None, :]
@@ -220,9 +225,10 @@ class Transformer(nn.Module):
 
 
 def empty_self_attention_cache(config: TransformerConfig, batch: int, max_len: int) -> Cache:
-    """``{"index": 0, "layer_i": {"key", "value": zeros [batch, max_len, H, D/H]}}``."""
+    """``{"index": 0, "layer_i": {"key", "value": zeros [batch, H, max_len, D/H]}}``
+    (heads-major, :func:`layers.heads_major`)."""
     heads = config.num_heads
-    zeros = jnp.zeros((batch, max_len, heads, config.d_model // heads), config.dtype)
+    zeros = jnp.zeros((batch, heads, max_len, config.d_model // heads), config.dtype)
     cache: Cache = {"index": jnp.zeros((), jnp.int32)}
     for i in range(config.num_decoder_layers):
         cache[f"layer_{i}"] = {"key": zeros, "value": zeros}
