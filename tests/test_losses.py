@@ -2,6 +2,7 @@
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -43,6 +44,33 @@ def test_loss_matches_float64_reference(eps):
     assert float(sums["tokens"]) == ref_tokens
     assert float(sums["loss"]) == pytest.approx(ref_loss, rel=1e-5)
     assert float(sums["nll"]) == pytest.approx(ref_nll, rel=1e-5)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gradient_matches_float64_reference(eps, dtype):
+    """d(a * loss_sum + b * nll_sum)/d logits against softmax(x) - target, in float64."""
+    rng = np.random.default_rng(1)
+    logits = (rng.normal(size=(2, 4, 9)) * 3).astype(np.float32)
+    targets = rng.integers(0, 9, (2, 4))
+    mask = rng.random((2, 4)) > 0.3
+    a, b = 0.7, 0.3
+
+    def objective(x):
+        sums = losses.masked_loss_sums(x, jnp.asarray(targets), jnp.asarray(mask), eps)
+        return a * sums["loss"] + b * sums["nll"]
+
+    x = jnp.asarray(logits, dtype)
+    grad = np.asarray(jax.grad(objective)(x).astype(jnp.float32), np.float64)
+    assert jax.grad(objective)(x).dtype == dtype
+    x64 = np.asarray(x.astype(jnp.float32), np.float64)
+    probs = np.exp(x64 - x64.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    onehot = np.eye(9)[targets]
+    smooth = (1 - eps) * onehot + eps / 8 * (1 - onehot)
+    expected = (a * (probs - smooth) + b * (probs - onehot)) * mask[..., None]
+    tol = 1e-6 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(grad, expected, atol=tol)
 
 
 def test_label_smoothing_by_hand():

@@ -5,10 +5,12 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import ROOT, tiny_config
 
 from docnmt_jax.data import readers
+from docnmt_jax.decoding import translator as translator_lib
 from docnmt_jax.decoding.translator import SearchConfig
 from docnmt_jax.training import restore, trainer
 
@@ -82,8 +84,48 @@ def test_streamed_blocks_equal_one_pass(trained_run, synthetic_dir):
     streamed = list(translator.translate_stream(((d.doc_id, list(d.src)) for d in docs), 2))
     assert [doc_id for doc_id, _ in streamed] == [d.doc_id for d in docs]
     assert [hyps for _, hyps in streamed] == whole
-    # sentence-level batches: one compilation per length bucket at most
-    assert 1 <= translator.stats.compilations <= len(translator.pipeline_config.t_buckets)
+    # sentence-level batches: one compilation per length bucket and power-of-two row count
+    config = translator.pipeline_config
+    row_counts = int(np.log2(config.batch_size(1, max(config.t_buckets)))) + 2
+    assert 1 <= translator.stats.compilations <= len(config.t_buckets) * row_counts
+
+
+def test_trim_padding_rows_known_answers():
+    def batch(doc_index):
+        rows = len(doc_index)
+        return {"doc_index": np.array(doc_index), "src": np.arange(rows * 6).reshape(rows, 2, 3)}
+
+    cases = [  # (doc_index, multiple, expected rows)
+        ([0, 1, 2, -1, -1, -1, -1, -1], 1, 4),
+        ([0, -1, -1, -1, -1, -1, -1, -1], 1, 1),
+        ([0, 1, 2, 3, 4, -1, -1, -1], 1, 8),  # 8 rows needed: unchanged
+        ([0, 1, 2, 3, -1, -1, -1, -1, -1, -1, -1, -1], 3, 6),
+        ([0, 1, -1, -1], 2, 2),
+        ([-1, -1, -1, -1], 1, 1),
+        ([0, 1, 2, 3], 1, 4),
+    ]
+    for doc_index, multiple, expected in cases:
+        whole = batch(doc_index)
+        trimmed = translator_lib.trim_padding_rows(whole, multiple)
+        assert trimmed["doc_index"].shape[0] == expected, (doc_index, multiple)
+        for key in whole:
+            np.testing.assert_array_equal(trimmed[key], whole[key][:expected])
+
+
+def test_trimmed_batches_translate_like_full_ones(trained_run, synthetic_dir, monkeypatch):
+    """A small input searches fewer rows than the pipeline's padded batch, same output."""
+    docs = readers.read_tsv(os.path.join(synthetic_dir, "dev.tsv"))[:2]
+    search = SearchConfig(beam_size=2)
+    translator, _ = restore.load_translator(trained_run, "latest", search)
+    shapes = []
+    jitted = translator._translate_batch
+    translator._translate_batch = lambda p, b: shapes.append(b["src"].shape) or jitted(p, b)
+    trimmed = translator.translate(docs)
+    config = translator.pipeline_config
+    assert shapes and all(rows < config.batch_size(1, t) for rows, _, t in shapes)
+    monkeypatch.setattr(translator_lib, "trim_padding_rows", lambda batch, multiple: batch)
+    full, _ = restore.load_translator(trained_run, "latest", search)
+    assert full.translate(docs) == trimmed
 
 
 def test_translate_on_a_device_mesh_equals_one_device(trained_run, synthetic_dir, tmp_path):

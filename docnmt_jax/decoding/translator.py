@@ -90,6 +90,26 @@ class TranslationStats:
         return text
 
 
+def trim_padding_rows(batch: dict[str, np.ndarray], multiple: int = 1) -> dict[str, np.ndarray]:
+    """``batch`` cut to the smallest power-of-two multiple of ``multiple`` rows (at least
+    ``multiple``) that holds every real row (``doc_index >= 0``), when that is fewer rows.
+
+    The pipeline pads a bucket's last batch to the full row count; a search costs the same
+    for padding rows as for real ones, so a small input (a few sentences; FINAL's batches have
+    S times more rows) would cost a whole batch. Powers of two bound the extra compilations
+    at ``log2(rows)`` per bucket shape.
+    """
+    real = np.flatnonzero(batch["doc_index"] >= 0)
+    rows = batch["doc_index"].shape[0]
+    needed = int(real[-1]) + 1 if real.size else 1
+    target = multiple
+    while target < needed:
+        target *= 2
+    if target >= rows:
+        return batch
+    return {key: value[:target] for key, value in batch.items()}
+
+
 class Translator:
     """Translates documents with ``task`` and ``params`` on the pipeline's fixed shapes."""
 
@@ -132,6 +152,7 @@ class Translator:
         sources = [Document(d.doc_id, d.src, ("",) * len(d)) for d in documents]
         plan = pipeline_lib.plan_batches(sources, self.tokenizer.encode_batch, self.pipeline_config)
         for batch in pipeline_lib.numpy_batches(plan):
+            batch = trim_padding_rows(batch, self.pipeline_config.batch_multiple)
             self.stats.shapes.add(tuple(batch["src"].shape))
             output = self._translate_batch(self.params, batch)
             ids, aux = output if isinstance(output, tuple) else (output, {})
