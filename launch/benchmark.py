@@ -10,6 +10,8 @@ Sections (``--sections``; default ``peak,train,decode,growth``):
             + outputs + temporaries - donated), and the ratio to the sentence Transformer
   decode    per model: beam search and greedy on the same documents, sentences/s, tokens/s,
             XLA compilations, and the ratio to the sentence Transformer
+            Train steps and decode calls are timed in rounds, every model once per round,
+            so that the ratios do not absorb this shared machine's drift over minutes.
   growth    train-step time, compiled memory and analytic FLOPs against sentences per chunk
             (fixed sentence length) and against sentence length (fixed sentences per chunk),
             with the fitted log-log slope per model
@@ -139,10 +141,12 @@ class CompileWatch:
 
     EVENT = "/jax/core/compile/backend_compile_duration"
 
+    def __init__(self) -> None:
+        self.count = 0  # over every ``with`` block of this watch
+
     def __enter__(self) -> CompileWatch:
         import jax
 
-        self.count = 0
         jax.monitoring.register_event_duration_secs_listener(self._listen)
         return self
 
@@ -356,13 +360,26 @@ def print_peak(result: Results) -> None:
 # train
 
 
-def train_run(name: str, args: argparse.Namespace, peak_gflops: float | None) -> Results:
-    """One model's train-step measurements on the shared batch."""
-    task = build(name, args, args.sentences)
-    batch = make_batch(args, args.chunks, args.sentences, args.length)
-    step = compile_train(task, batch)
-    step.run(batch, args.warmup)
-    step_s = _median(step.run(batch, args.steps))
+def interleaved_times(runners: list[Callable[[], float]], rounds: int) -> list[float]:
+    """Median seconds of each runner over ``rounds`` rounds, each round calling every runner
+    once in turn: a drift of this shared machine's speed over minutes then hits every model
+    alike, instead of the ratio between models measured minutes apart."""
+    times: list[list[float]] = [[] for _ in runners]
+    for _ in range(rounds):
+        for i, runner in enumerate(runners):
+            times[i].append(runner())
+    return [_median(t) for t in times]
+
+
+def train_run(
+    name: str,
+    task: Any,
+    batch: Results,
+    step: TrainStep,
+    step_s: float,
+    peak_gflops: float | None,
+) -> Results:
+    """One model's train-step measurements on the shared batch (``step_s``: median step)."""
     flops, terms = analytic_train_flops(task, batch)
     tokens = int(batch["tgt"].size)
     achieved = flops / step_s if flops else None
@@ -388,7 +405,16 @@ def train_run(name: str, args: argparse.Namespace, peak_gflops: float | None) ->
 
 def train_section(args: argparse.Namespace, results: Results) -> Results:
     peak = results.get("peak", {}).get(f"{args.dtype}_gflops")
-    runs = [train_run(name, args, peak) for name in model_names(args)]
+    prepared = []
+    for name in model_names(args):
+        task = build(name, args, args.sentences)
+        batch = make_batch(args, args.chunks, args.sentences, args.length)
+        step = compile_train(task, batch)
+        step.run(batch, args.warmup)
+        prepared.append((name, task, batch, step))
+    runners = [functools.partial(lambda s, b: s.run(b, 1)[0], p[3], p[2]) for p in prepared]
+    medians = interleaved_times(runners, args.steps)
+    runs = [train_run(*p, step_s, peak) for p, step_s in zip(prepared, medians, strict=True)]
     baseline = add_ratios(runs, "tokens_per_s")
     return {
         "size": args.size,
@@ -471,21 +497,41 @@ def _fixed_search(beam: int, length: int) -> Any:
     return SearchConfig(beam_size=beam, alpha=alpha, len_a=0.0, len_b=length, max_len=length)
 
 
-def decode_run(
-    name: str, task: Any, params: Any, batch: Results, beam: int, args: argparse.Namespace
-) -> Results:
-    """Timing of ``task.translate_batch`` with beam ``beam`` (1: greedy) on ``batch``."""
-    import jax
+class DecodeRun:
+    """``task.translate_batch`` with beam ``beam`` (1: greedy) on ``batch``, jitted and run
+    once (compilation timed, XLA compilations counted over this and every timed call)."""
 
+    def __init__(self, name: str, task: Any, params: Any, batch: Results, beam: int, args: Any):
+        import jax
+
+        self.name, self.batch, self.beam, self.args = name, batch, beam, args
+        self.search = _fixed_search(beam, args.decode_len)
+        translate = jax.jit(functools.partial(task.translate_batch, search=self.search))
+        self.call = lambda: translate(params, batch)
+        self.watch = CompileWatch()
+        with self.watch:
+            t0 = time.perf_counter()
+            self.output = jax.block_until_ready(self.call())
+            self.first_seconds = time.perf_counter() - t0
+
+    def time_once(self) -> float:
+        with self.watch:
+            return _time(self.call, 1)[0]
+
+
+def decode_run(run: DecodeRun, seconds: float) -> Results:
+    """The measurements of ``run`` whose median call took ``seconds``."""
     from docnmt_jax.data.tokenizer import PAD_ID
 
-    search = _fixed_search(beam, args.decode_len)
-    translate = jax.jit(functools.partial(task.translate_batch, search=search))
-    with CompileWatch() as watch:
-        t0 = time.perf_counter()
-        output = jax.block_until_ready(translate(params, batch))
-        first_s = time.perf_counter() - t0
-        seconds = _median(_time(lambda: translate(params, batch), args.decode_repeats))
+    name, batch, beam, args, search, output = (
+        run.name,
+        run.batch,
+        run.beam,
+        run.args,
+        run.search,
+        run.output,
+    )
+    first_s, watch = run.first_seconds, run.watch
     ids = np.asarray(output[0] if isinstance(output, tuple) else output)  # (ids, aux) or ids
     sentences = int(np.prod(batch["src"].shape[:2]))
     tokens = sentences * args.decode_len  # decoder steps: the fixed budget of every sentence
@@ -506,7 +552,7 @@ def decode_run(
 
 
 def decode_section(args: argparse.Namespace, results: Results) -> Results:
-    runs = []
+    prepared = []
     for name in model_names(args):
         task = build(name, args, args.sentences)
         # As the Translator does: a task that searches a chunk's sentences one after another
@@ -516,7 +562,9 @@ def decode_section(args: argparse.Namespace, results: Results) -> Results:
         batch = make_batch(args, chunks, args.sentences, args.length)
         params = never_eos(init_params(task, batch))
         for beam in sorted({args.beam, 1}, reverse=True):
-            runs.append(decode_run(name, task, params, batch, beam, args))
+            prepared.append(DecodeRun(name, task, params, batch, beam, args))
+    medians = interleaved_times([p.time_once for p in prepared], args.decode_repeats)
+    runs = [decode_run(p, seconds) for p, seconds in zip(prepared, medians, strict=True)]
     baseline = add_ratios(runs, "sentences_per_s", group="beam")
     return {"decode_len": args.decode_len, "baseline": baseline, "runs": runs}
 
