@@ -143,3 +143,16 @@ def test_tied_logits_gradients_match_float64():
     np.testing.assert_allclose(
         dtable, g64.reshape(-1, 7).T @ x64.reshape(-1, 5), rtol=1e-5, atol=1e-5
     )
+
+
+@pytest.mark.parametrize("rows", [1, 5, 12])
+def test_attention_values_matches_a_float64_sum(rows):
+    """Both code paths (broadcast multiply-add for 2-8 query rows, product otherwise)."""
+    rng = np.random.default_rng(rows)
+    weights = rng.random((2, 3, rows, 7)).astype(np.float32)
+    values = rng.normal(size=(2, 3, 7, 4)).astype(np.float32)
+    got = np.asarray(layers.attention_values(jnp.asarray(weights), jnp.asarray(values)))
+    want = np.zeros((2, rows, 3, 4))
+    for b, h, q, k in np.ndindex(2, 3, rows, 7):
+        want[b, q, h] += float(weights[b, h, q, k]) * values[b, h, k].astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -323,7 +323,12 @@ class RelativeSelfAttention(nn.Module):
         weights = self.dropout(weights, deterministic=cfg.deterministic).astype(cfg.dtype)
         w_mem = weights[..., :Tm].reshape(B, G, H, Tq, Tm)
         out = jnp.einsum(f"bhqk,{kv}->bqhd", weights[..., Tm:], cur_v)
-        out = out + jnp.einsum(f"bghqk,{kv}->bgqhd", w_mem, mem_v).reshape(N, Tq, H, dh)
+        if heads_major:  # decoding: the G beams' rows of an example share its memory
+            w_mem = jnp.swapaxes(w_mem, 1, 2).reshape(B, H, G * Tq, Tm)
+            mem_out = layers.attention_values(w_mem, mem_v)
+        else:
+            mem_out = jnp.einsum("bghqk,bkhd->bgqhd", w_mem, mem_v)
+        out = out + mem_out.reshape(N, Tq, H, dh)
         return self.out(out)
 
 
