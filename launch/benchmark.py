@@ -32,6 +32,8 @@ limited to ``--decode-len`` tokens (``len_a=0, len_b=max_len=L``). Every sentenc
 then takes exactly L decoder steps, the last forcing EOS; tokens/s counts those steps and the
 table shows the measured mean length (Doc2Doc searches a chunk as one sequence of S·L steps
 and cuts it at separators; empty pieces add an EOS each, so its mean is slightly above L).
+Every model decodes the same S·--chunks chunks with --chunks·beam rows per search step: FINAL
+(sentences in order) in one call, the others in S calls of --chunks chunks.
 
 Usage:
   python launch/benchmark.py [--models transformer,final] [--size tiny|ted|base]
@@ -498,16 +500,31 @@ def _fixed_search(beam: int, length: int) -> Any:
 
 
 class DecodeRun:
-    """``task.translate_batch`` with beam ``beam`` (1: greedy) on ``batch``, jitted and run
-    once (compilation timed, XLA compilations counted over this and every timed call)."""
+    """``task.translate_batch`` with beam ``beam`` (1: greedy) on ``batch``, in calls of
+    ``rows`` chunks each, jitted and run once (compilation timed, XLA compilations counted over
+    this and every timed call)."""
 
-    def __init__(self, name: str, task: Any, params: Any, batch: Results, beam: int, args: Any):
+    def __init__(
+        self, name: str, task: Any, params: Any, batch: Results, rows: int, beam: int, args: Any
+    ):
         import jax
 
         self.name, self.batch, self.beam, self.args = name, batch, beam, args
         self.search = _fixed_search(beam, args.decode_len)
         translate = jax.jit(functools.partial(task.translate_batch, search=self.search))
-        self.call = lambda: translate(params, batch)
+        parts = [
+            {key: value[start : start + rows] for key, value in batch.items()}
+            for start in range(0, batch["src"].shape[0], rows)
+        ]
+        self.calls = len(parts)
+
+        def call() -> Any:
+            outputs = [translate(params, part) for part in parts]
+            if isinstance(outputs[0], tuple):  # (ids, aux)
+                outputs = [ids for ids, _ in outputs]
+            return np.concatenate([np.asarray(ids) for ids in outputs])
+
+        self.call = call
         self.watch = CompileWatch()
         with self.watch:
             t0 = time.perf_counter()
@@ -532,7 +549,7 @@ def decode_run(run: DecodeRun, seconds: float) -> Results:
         run.output,
     )
     first_s, watch = run.first_seconds, run.watch
-    ids = np.asarray(output[0] if isinstance(output, tuple) else output)  # (ids, aux) or ids
+    ids = output
     sentences = int(np.prod(batch["src"].shape[:2]))
     tokens = sentences * args.decode_len  # decoder steps: the fixed budget of every sentence
     return {
@@ -541,6 +558,7 @@ def decode_run(run: DecodeRun, seconds: float) -> Results:
         "beam": beam,
         "alpha": search.alpha,
         "sentences": sentences,
+        "calls": run.calls,
         "output_tokens": tokens,
         "mean_output_len": int(np.sum(ids != PAD_ID)) / sentences,  # measured: should be L
         "compile_seconds": max(first_s - seconds, 0.0),
@@ -555,14 +573,16 @@ def decode_section(args: argparse.Namespace, results: Results) -> Results:
     prepared = []
     for name in model_names(args):
         task = build(name, args, args.sentences)
-        # As the Translator does: a task that searches a chunk's sentences one after another
-        # gets S times more chunks, so every search step has as many rows as the sentence
-        # model's (the same token budget per row).
-        chunks = args.chunks * (args.sentences if getattr(task, "sequential_sentences", 0) else 1)
-        batch = make_batch(args, chunks, args.sentences, args.length)
+        # Every model translates the same S x --chunks chunks. As the Translator does, a task
+        # that searches a chunk's sentences one after another gets S times more chunks per
+        # call, so every search step has as many rows as the sentence model's (the same token
+        # budget per row); the others get them in S calls of --chunks chunks.
+        sequential = bool(getattr(task, "sequential_sentences", False))
+        rows = args.chunks * (args.sentences if sequential else 1)
+        batch = make_batch(args, args.chunks * args.sentences, args.sentences, args.length)
         params = never_eos(init_params(task, batch))
         for beam in sorted({args.beam, 1}, reverse=True):
-            prepared.append(DecodeRun(name, task, params, batch, beam, args))
+            prepared.append(DecodeRun(name, task, params, batch, rows, beam, args))
     medians = interleaved_times([p.time_once for p in prepared], args.decode_repeats)
     runs = [decode_run(p, seconds) for p, seconds in zip(prepared, medians, strict=True)]
     baseline = add_ratios(runs, "sentences_per_s", group="beam")
@@ -579,6 +599,7 @@ def print_decode(result: Results) -> None:
             r["model"],
             r["search"],
             r["sentences"],
+            r["calls"],
             f"{r['mean_output_len']:.1f}",
             f"{r['compile_seconds']:.1f}",
             r["compilations"],
@@ -594,10 +615,11 @@ def print_decode(result: Results) -> None:
             "model",
             "search",
             "sentences",
+            "calls",
             "tokens/sent",
             "compile s",
             "compilations",
-            "batch ms",
+            "ms (all calls)",
             "sentences/s",
             "tokens/s",
             "sent/s ratio",

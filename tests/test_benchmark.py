@@ -76,10 +76,12 @@ def _check_decode(result, models):
         (m, s) for m in models for s in ("beam 5", "greedy")
     }
     for r in runs:
-        # 2 chunks of 3 sentences; FINAL searches a chunk's sentences one after another, so
-        # it gets 3x the chunks: every search step has the same rows as the sentence model's.
-        sentences = 6 * (3 if r["model"] == "final" else 1)
+        # Every model translates 3 x 2 chunks of 3 sentences; FINAL searches a chunk's
+        # sentences one after another, so it gets them in one call of 6 chunks (every search
+        # step has the same rows as the sentence model's), the others in 3 calls of 2 chunks.
+        sentences = 18
         assert r["sentences"] == sentences and r["output_tokens"] == sentences * 4
+        assert r["calls"] == (1 if r["model"] == "final" else 3)
         assert r["compilations"] == 1  # one per search, none while timing
         assert _positive(r["seconds"], r["sentences_per_s"], r["tokens_per_s"])
         assert _positive(r["sentences_per_s_ratio"])
