@@ -82,7 +82,9 @@ def _check_decode(result, models):
         sentences = 18
         assert r["sentences"] == sentences and r["output_tokens"] == sentences * 4
         assert r["calls"] == (1 if r["model"] == "final" else 3)
-        assert r["compilations"] == 1  # one per search, none while timing
+        # one per search (FINAL: encoder, slot search, output), none while timing
+        assert r["compilations"] == (3 if r["model"] == "final" else 1)
+        assert r["recompilations"] == 0
         assert _positive(r["seconds"], r["sentences_per_s"], r["tokens_per_s"])
         assert _positive(r["sentences_per_s_ratio"])
         if r["model"] in ("transformer", "final"):  # fixed length: every sentence 4 tokens

@@ -578,6 +578,8 @@ def test_translate_batch_uses_the_chosen_hypothesis_as_memory(final_model):
     # The reference is never read.
     noisy = dict(batch, tgt=(batch["tgt"] + 3) % V, tgt_mask=np.ones_like(batch["tgt_mask"]))
     np.testing.assert_array_equal(np.asarray(translate(params, noisy)), ids)
+    # The Translator's driver (one jitted search per sentence slot) gives the same ids.
+    np.testing.assert_array_equal(np.asarray(task.translate_fn(search)(params, batch)), ids)
 
 
 def test_sentence_attention_export(final_model):
@@ -667,12 +669,33 @@ def test_sentence_decoder_variant_translates():
     task = FinalTask(cfg)
     search = SearchConfig(beam_size=2, alpha=0.6, len_a=1.0, len_b=2, max_len=6)
 
-    def run(rng, batch):
-        params = nn.meta.unbox(task.init(rng, batch))["params"]
-        params = dict(params, embed={"embedding": params["embed"]["embedding"] * 6})
-        return task.translate_batch(params, batch, search)
-
-    ids = np.asarray(_fast(run, jax.random.PRNGKey(0), batch))
+    params = nn.meta.unbox(task.init(jax.random.PRNGKey(0), batch))["params"]
+    params = dict(params, embed={"embedding": params["embed"]["embedding"] * 6})
+    ids = np.asarray(_fast_jit(lambda p, b: task.translate_batch(p, b, search))(params, batch))
     real = batch["src_mask"].any(-1)
-    assert ids.shape == (3, 3, search.output_len(5))
+    L = search.output_len(5)
+    assert ids.shape == (3, 3, L)
     assert (ids[~real] == 0).all() and ((ids[real] == 1).sum(-1) == 1).all()
+    np.testing.assert_array_equal(np.asarray(task.translate_fn(search)(params, batch)), ids)
+
+    # Every sentence as its own search (no memory) gives its row of ids.
+    model, v = task.eval_module, {"params": params}
+    encoded = model.apply(v, batch["src"], batch["src_mask"], method=model.encode)
+    limits = source_length_limits(batch["src_mask"], 1.0, 2, L)
+    for k in range(3):
+        cache = model.apply(v, 3, L, method=model.init_cache)
+        no_memory = {"mask": jnp.zeros((3, 1), jnp.int32)}
+        extra = model.apply(
+            v, encoded[:, k], batch["src_mask"][:, k], no_memory, method=model.decode_inputs
+        )
+        alone = beam_search(
+            lambda c, t, e: model.apply(v, c, t, e, method=model.decode_step),
+            cache,
+            extra,
+            beam_size=2,
+            alpha=0.6,
+            max_len=L,
+            max_lengths=limits[:, k],
+        )
+        want = np.asarray(alone.sequences[:, 0])
+        np.testing.assert_array_equal(ids[real[:, k], k], want[real[:, k]])

@@ -90,6 +90,15 @@ class TranslationStats:
         return text
 
 
+def search_function(task: Any, search: SearchConfig) -> Any:
+    """The compiled ``(params, batch) -> ids`` of ``task``: its own ``translate_fn(search)``
+    when it has one (a task that drives several jitted searches per batch), else
+    ``jax.jit(task.translate_batch)``."""
+    if hasattr(task, "translate_fn"):
+        return task.translate_fn(search)
+    return jax.jit(functools.partial(task.translate_batch, search=search))
+
+
 def trim_padding_rows(batch: dict[str, np.ndarray], multiple: int = 1) -> dict[str, np.ndarray]:
     """``batch`` cut to the smallest power-of-two multiple of ``multiple`` rows (at least
     ``multiple``) that holds every real row (``doc_index >= 0``), when that is fewer rows.
@@ -142,7 +151,7 @@ class Translator:
             sequential_sentences=bool(getattr(task, "sequential_sentences", False)),
         )
         self.stats = TranslationStats()
-        self._translate_batch = jax.jit(functools.partial(task.translate_batch, search=search))
+        self._translate_batch = search_function(task, search)
 
     def translate(self, documents: Sequence[Document]) -> list[list[str]]:
         """The translation of every sentence of ``documents``, document by document."""

@@ -790,57 +790,121 @@ class FinalTask:
         order (``lax.scan`` over ``S``): the memory of sentence ``k`` is the decoder keys/values
         of the translation chosen for ``k-1`` (never the reference), kept by the beam search
         (``keep_best_cache``). Without it every sentence is searched in parallel. Padding
-        sentences give PAD rows.
+        sentences give PAD rows. Pure and jit-able; :meth:`translate_fn` runs the same
+        searches as separate executions.
         """
         cfg = self.config
-        module = self.eval_module
-        variables = {"params": params}
+        B, S, T = batch["src"].shape
+        slots, memory = self._search_inputs(params, batch, search)
+        if not cfg.xl_decoder:
+            rows = B * S
+            result = self._search(
+                params,
+                jax.tree.map(lambda x: x.reshape((rows,) + x.shape[2:]), slots),
+                {"mask": jnp.zeros((rows, 1), jnp.int32)},
+                search,
+            )
+            ids = result.sequences[:, 0].reshape(S, B, -1).swapaxes(0, 1)  # rows slot-major
+        else:
+            _, ids = jax.lax.scan(
+                lambda memory, slot: self._search_slot(params, memory, slot, search),
+                memory,
+                slots,
+            )
+            ids = ids.swapaxes(0, 1)
+        return _pad_empty_sentences(ids, batch["src_mask"])
+
+    def translate_fn(self, search: Any) -> Any:
+        """``(params, batch) -> ids``, equal to ``jax.jit(translate_batch)``; with the XL
+        decoder a Python loop over the sentence slots of one jitted search each (dispatched
+        asynchronously: no host synchronisation between slots). On XLA:CPU the search loop
+        nested in the scan over slots ran 7% slower than the same searches as separate
+        executions (BUILD_NOTES.md, Performance); three compilations per batch shape instead of
+        one, where unrolling the scan would compile every slot's search.
+        """
+        if not self.config.xl_decoder:
+            return jax.jit(functools.partial(self.translate_batch, search=search))
+        prepare = jax.jit(functools.partial(self._search_inputs, search=search))
+
+        def slot_fn(params: Any, memory: MemoryKV, slots: Any, k: Array) -> Any:
+            slot = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, k, 0, False), slots)
+            return self._search_slot(params, memory, slot, search)
+
+        search_slot = jax.jit(slot_fn, donate_argnums=1)
+        finish = jax.jit(lambda ids, src_mask: _pad_empty_sentences(jnp.stack(ids, 1), src_mask))
+
+        def translate(params: Any, batch: dict[str, Array]) -> Array:
+            slots, memory = prepare(params, batch)
+            ids = []
+            for k in range(batch["src"].shape[1]):
+                memory, ids_k = search_slot(params, memory, slots, np.int32(k))
+                ids.append(ids_k)
+            return finish(ids, batch["src_mask"])
+
+        return translate
+
+    def _search_inputs(
+        self, params: Any, batch: dict[str, Array], search: Any
+    ) -> tuple[tuple[Array, Array, Array], MemoryKV]:
+        """The chunks encoded once (:func:`encode_in_groups`), per sentence slot: (encoded
+        ``[S, B, T, D]``, source mask ``[S, B, T]``, output limits ``[S, B]``), and the empty
+        memory of sentence 0."""
+        cfg = self.config
         src, src_mask = batch["src"], batch["src_mask"]
         B, S, T = src.shape
         max_len = search.output_len(T)
-        encoded = encode_in_groups(module, variables, src, src_mask)
+        encoded = encode_in_groups(self.eval_module, {"params": params}, src, src_mask)
         limits = source_length_limits(
             src_mask.reshape(B * S, T), search.len_a, search.len_b, max_len
         ).reshape(B, S)
+        memory = transformer.empty_self_attention_cache(cfg, B, max_len)
+        memory = {k: v for k, v in memory.items() if k != "index"}
+        memory["mask"] = jnp.zeros((B, max_len), jnp.int32)  # sentence 0: no memory
+        slots = (encoded.swapaxes(0, 1), src_mask.swapaxes(0, 1), limits.swapaxes(0, 1))
+        return slots, memory
+
+    def _search(
+        self, params: Any, slot: tuple[Array, Array, Array], memory: MemoryKV, search: Any
+    ) -> Any:
+        """Beam search of one sentence per row: ``slot`` = (encoded, mask, limits)."""
+        module = self.eval_module
+        variables = {"params": params}
+        encoded, src_mask, limits = slot
+        max_len = search.output_len(encoded.shape[1])
 
         def step_fn(cache: Cache, tokens: Array, extra: dict[str, Any]) -> tuple[Array, Cache]:
             return module.apply(variables, cache, tokens, extra, method=module.decode_step)
 
-        search_fn = functools.partial(
-            beam_search, step_fn, beam_size=search.beam_size, alpha=search.alpha, max_len=max_len
+        cache = transformer.empty_self_attention_cache(self.config, encoded.shape[0], max_len)
+        extra = module.apply(variables, encoded, src_mask, memory, method=module.decode_inputs)
+        return beam_search(
+            step_fn,
+            cache,
+            extra,
+            beam_size=search.beam_size,
+            alpha=search.alpha,
+            max_len=max_len,
+            max_lengths=limits,
+            keep_best_cache=self.config.xl_decoder,
         )
 
-        def translate(encoded_k: Array, mask_k: Array, limits_k: Array, memory: MemoryKV) -> Any:
-            cache = transformer.empty_self_attention_cache(cfg, encoded_k.shape[0], max_len)
-            extra = module.apply(variables, encoded_k, mask_k, memory, method=module.decode_inputs)
-            return search_fn(cache, extra, max_lengths=limits_k, keep_best_cache=cfg.xl_decoder)
+    def _search_slot(
+        self, params: Any, memory: MemoryKV, slot: tuple[Array, Array, Array], search: Any
+    ) -> tuple[MemoryKV, Array]:
+        """Searches sentence slot ``k`` of every chunk with the memory of slot ``k-1``: (the
+        memory for ``k+1``, ids ``[B, L]``)."""
+        result = self._search(params, slot, memory, search)
+        # The next memory: the keys/values of the chosen translation, straight from the
+        # search's cache (the inputs BOS, y_1 .. y_{n-1} of its n tokens), equal to a
+        # teacher-forced pass over it (tests/test_final.py) without recomputing it.
+        max_len = result.sequences.shape[-1]
+        best_mask = jnp.arange(max_len)[None] < result.lengths[:, :1]
+        memory = {"mask": best_mask.astype(jnp.int32)}
+        memory.update({k: v for k, v in result.best_cache.items() if k != "index"})
+        return memory, result.sequences[:, 0]
 
-        if not cfg.xl_decoder:
-            rows = B * S
-            result = translate(
-                encoded.reshape(rows, T, -1),
-                src_mask.reshape(rows, T),
-                limits.reshape(-1),
-                {"mask": jnp.zeros((rows, 1), jnp.int32)},
-            )
-            ids = result.sequences[:, 0].reshape(B, S, max_len)
-        else:
 
-            def body(memory: MemoryKV, xs: tuple[Array, Array, Array]) -> tuple[MemoryKV, Array]:
-                result = translate(*xs, memory)
-                # The next memory: the keys/values of the chosen translation, straight from the
-                # search's cache (the inputs BOS, y_1 .. y_{n-1} of its n tokens), equal to a
-                # teacher-forced pass over it (tests/test_final.py) without recomputing it.
-                best_mask = jnp.arange(max_len)[None] < result.lengths[:, :1]
-                memory = {"mask": best_mask.astype(jnp.int32)}
-                memory.update({k: v for k, v in result.best_cache.items() if k != "index"})
-                return memory, result.sequences[:, 0]
-
-            empty = transformer.empty_self_attention_cache(cfg, B, max_len)
-            empty = {k: v for k, v in empty.items() if k != "index"}
-            empty["mask"] = jnp.zeros((B, max_len), jnp.int32)  # sentence 0: no memory
-            xs = (encoded.swapaxes(0, 1), src_mask.swapaxes(0, 1), limits.swapaxes(0, 1))
-            _, ids = jax.lax.scan(body, empty, xs)
-            ids = ids.swapaxes(0, 1)
-        real = jnp.any(src_mask > 0, axis=-1)[..., None]
-        return jnp.where(real, ids, PAD_ID)
+def _pad_empty_sentences(ids: Array, src_mask: Array) -> Array:
+    """PAD rows for the padding sentences (no source token) of ids ``[B, S, L]``."""
+    real = jnp.any(src_mask > 0, axis=-1)[..., None]
+    return jnp.where(real, ids, PAD_ID)
