@@ -49,13 +49,14 @@ def test_tiny_model_overfits_a_handful_of_pairs():
     }
     task = build_task(model_cfg, vocab_size=len(vocab) + 4)
     params = nn.meta.unbox(task.init(jax.random.PRNGKey(0), batch)["params"])
-    tx, schedule = optim.make_optimizer(32, warmup_steps=30, lr_scale=1.0)
+    tx, schedule = optim.make_optimizer(32, warmup_steps=30, lr_scale=0.5)
     train_step, eval_step = trainer.make_steps(task, tx, schedule, smoothing=0.0, seed=0)
     state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
     first = None
-    # At this learning rate the loss plateaus near 0.06 (steps 250-450) before it falls to
-    # ~1e-3 by step 500 (measured); 600 steps leave a wide margin below the bar.
-    for _ in range(600):
+    # At lr_scale 0.5 the NLL falls smoothly: 0.003 at step 100, 4e-4 at 300 (measured); at
+    # 1.0 it oscillated around 0.02-0.06 until step ~900, a plateau that float-level changes
+    # of the loss moved across the bar.
+    for _ in range(300):
         state, metrics = train_step(state, batch)
         if first is None:
             first = float(metrics["loss"] / metrics["tokens"])
