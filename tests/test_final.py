@@ -508,6 +508,22 @@ def test_beams_share_memory_and_cross_inputs(final_model):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
 
 
+def _search_alone(model, v, encoded_k, mask_k, limits_k, memory_kv, max_len):
+    """Beam 2 (alpha 0.6) over one sentence per row with the given memory keys/values, through
+    the model's public decoding API."""
+    cache = model.apply(v, encoded_k.shape[0], max_len, method=model.init_cache)
+    extra = model.apply(v, encoded_k, mask_k, memory_kv, method=model.decode_inputs)
+    return beam_search(
+        lambda c, t, e: model.apply(v, c, t, e, method=model.decode_step),
+        cache,
+        extra,
+        beam_size=2,
+        alpha=0.6,
+        max_len=max_len,
+        max_lengths=limits_k,
+    )
+
+
 def test_translate_batch_uses_the_chosen_hypothesis_as_memory(final_model):
     _, params, _ = final_model
     batch = _batch(5)
@@ -525,18 +541,8 @@ def test_translate_batch_uses_the_chosen_hypothesis_as_memory(final_model):
 
     def one_sentence(params, encoded_k, mask_k, limits_k, memory):
         v = {"params": params}
-        cache = model.apply(v, encoded_k.shape[0], L, method=model.init_cache)
         memory_kv = model.apply(v, memory, method=model.memory_kv)
-        extra = model.apply(v, encoded_k, mask_k, memory_kv, method=model.decode_inputs)
-        return beam_search(
-            lambda c, t, e: model.apply(v, c, t, e, method=model.decode_step),
-            cache,
-            extra,
-            beam_size=2,
-            alpha=0.6,
-            max_len=L,
-            max_lengths=limits_k,
-        )
+        return _search_alone(model, v, encoded_k, mask_k, limits_k, memory_kv, L)
 
     search_one = _fast_jit(one_sentence)
     memory_of = _fast_jit(
@@ -682,20 +688,9 @@ def test_sentence_decoder_variant_translates():
     model, v = task.eval_module, {"params": params}
     encoded = model.apply(v, batch["src"], batch["src_mask"], method=model.encode)
     limits = source_length_limits(batch["src_mask"], 1.0, 2, L)
+    no_memory = {"mask": jnp.zeros((3, 1), jnp.int32)}
     for k in range(3):
-        cache = model.apply(v, 3, L, method=model.init_cache)
-        no_memory = {"mask": jnp.zeros((3, 1), jnp.int32)}
-        extra = model.apply(
-            v, encoded[:, k], batch["src_mask"][:, k], no_memory, method=model.decode_inputs
-        )
-        alone = beam_search(
-            lambda c, t, e: model.apply(v, c, t, e, method=model.decode_step),
-            cache,
-            extra,
-            beam_size=2,
-            alpha=0.6,
-            max_len=L,
-            max_lengths=limits[:, k],
-        )
+        mask_k = batch["src_mask"][:, k]
+        alone = _search_alone(model, v, encoded[:, k], mask_k, limits[:, k], no_memory, L)
         want = np.asarray(alone.sequences[:, 0])
         np.testing.assert_array_equal(ids[real[:, k], k], want[real[:, k]])

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from docnmt_jax.data.tokenizer import BOS_ID, PAD_ID
-from docnmt_jax.decoding.beam_search import beam_search, source_length_limits
+from docnmt_jax.decoding.beam_search import source_length_limits
 from docnmt_jax.models import layers, transformer
 from docnmt_jax.models.transformer import TransformerConfig
 
@@ -867,25 +867,13 @@ class FinalTask:
         self, params: Any, slot: tuple[Array, Array, Array], memory: MemoryKV, search: Any
     ) -> Any:
         """Beam search of one sentence per row: ``slot`` = (encoded, mask, limits)."""
-        module = self.eval_module
+        cfg, module = self.config, self.eval_module
         variables = {"params": params}
         encoded, src_mask, limits = slot
         max_len = search.output_len(encoded.shape[1])
-
-        def step_fn(cache: Cache, tokens: Array, extra: dict[str, Any]) -> tuple[Array, Cache]:
-            return module.apply(variables, cache, tokens, extra, method=module.decode_step)
-
-        cache = transformer.empty_self_attention_cache(self.config, encoded.shape[0], max_len)
         extra = module.apply(variables, encoded, src_mask, memory, method=module.decode_inputs)
-        return beam_search(
-            step_fn,
-            cache,
-            extra,
-            beam_size=search.beam_size,
-            alpha=search.alpha,
-            max_len=max_len,
-            max_lengths=limits,
-            keep_best_cache=self.config.xl_decoder,
+        return transformer.search_decoder(
+            module, variables, extra, search, max_len, limits, keep_best_cache=cfg.xl_decoder
         )
 
     def _search_slot(

@@ -309,19 +309,36 @@ def search_rows(
     the cross-attention keys/values are per-example inputs, never tiled or reordered."""
     variables = {"params": params}
     encoded = module.apply(variables, src, src_mask, method=module.encode)
-    cache = empty_self_attention_cache(module.config, encoded.shape[0], max_len)
     extra = module.apply(variables, encoded, src_mask, method=module.decode_inputs)
+    return search_decoder(
+        module, variables, extra, search, max_len, max_lengths, allow_bos=allow_bos
+    )
+
+
+def search_decoder(
+    module: nn.Module,
+    variables: Any,
+    extra: dict[str, Any],
+    search: Any,
+    max_len: int,
+    max_lengths: Array,
+    **options: Any,
+) -> Any:
+    """Beam search of ``module.decode_step`` from an empty self-attention cache, one row per
+    row of ``extra`` (its ``decode_inputs``, with ``src_mask``); ``search`` gives the beam
+    size and alpha, ``options`` go to :func:`beam_search` (e.g. ``keep_best_cache``)."""
 
     def step_fn(cache: Cache, tokens: Array, extra: dict[str, Any]) -> tuple[Array, Cache]:
         return module.apply(variables, cache, tokens, extra, method=module.decode_step)
 
+    rows = extra["src_mask"].shape[0]
     return beam_search(
         step_fn,
-        cache,
+        empty_self_attention_cache(module.config, rows, max_len),
         extra,
         beam_size=search.beam_size,
         alpha=search.alpha,
         max_len=max_len,
         max_lengths=max_lengths,
-        allow_bos=allow_bos,
+        **options,
     )
