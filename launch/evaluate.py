@@ -16,15 +16,12 @@ object, on stdout; a malformed or mismatched file exits with status 1 and a one-
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from docnmt_jax.data.documents import CorpusFormatError  # noqa: E402
-from docnmt_jax.evaluation.metrics import evaluate_files, format_report  # noqa: E402
+from docnmt_jax.data.documents import CorpusFormatError
+from docnmt_jax.evaluation.metrics import evaluate_files, format_report
 
 FLAGS = flags.FLAGS
 

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MiB = 2**20
 

@@ -25,9 +25,7 @@ from collections.abc import Callable
 
 from absl import app, flags, logging
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from docnmt_jax.data import bible, synthetic  # noqa: E402
+from docnmt_jax.data import bible, synthetic
 
 FLAGS = flags.FLAGS
 

@@ -17,15 +17,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags, logging
+from ml_collections import config_flags
 
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from docnmt_jax import parallel  # noqa: E402
-from docnmt_jax.training.trainer import train_and_evaluate  # noqa: E402
+from docnmt_jax import parallel
+from docnmt_jax.training.trainer import train_and_evaluate
 
 _DEFAULT_CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(__file__)), "configs", "transformer.py"

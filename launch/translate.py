@@ -13,16 +13,13 @@ its size; sentences/s, tokens/s and the number of compilations are printed at th
 from __future__ import annotations
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags, logging
+from tqdm.auto import tqdm
 
-from absl import app, flags, logging  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
-
-from docnmt_jax.data.readers import iter_source_documents  # noqa: E402
-from docnmt_jax.decoding.translator import SearchConfig  # noqa: E402
-from docnmt_jax.training.restore import load_translator  # noqa: E402
+from docnmt_jax.data.readers import iter_source_documents
+from docnmt_jax.decoding.translator import SearchConfig
+from docnmt_jax.training.restore import load_translator
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory (config.json, spm.model).")
 _INPUT = flags.DEFINE_string("input", None, "File to translate (TSV or blank-line-separated text).")
