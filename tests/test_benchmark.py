@@ -1,10 +1,12 @@
 """The benchmark harness runs end to end at its --quick size and its numbers are sane.
 
-Each test runs a few sections of ``launch/benchmark.py --quick`` in a subprocess whose XLA
-skips the expensive LLVM passes (compile time dominates at this size; the numbers checked here
-do not depend on it); ``test_quick_run_as_a_whole`` (slow) runs everything as a user would.
+The ``test_quick_*`` tests run a few sections of ``launch/benchmark.py --quick`` in a
+subprocess whose XLA skips the expensive LLVM passes (compile time dominates at this size; the
+numbers checked here do not depend on it); ``test_quick_run_as_a_whole`` (slow) runs everything
+as a user would. The pipeline section and the presets are called from ``docnmt_jax.benchmarking``.
 """
 
+import argparse
 import json
 import math
 import os
@@ -14,7 +16,8 @@ import sys
 import pytest
 from conftest import ROOT
 
-from docnmt_jax import flops
+from docnmt_jax import benchmarking, flops
+from docnmt_jax.benchmarking import pipeline, report
 from docnmt_jax.models import build_task
 from docnmt_jax.training.restore import dummy_batch
 
@@ -141,18 +144,40 @@ def test_quick_run_as_a_whole(tmp_path):
     assert stdout.count("\n| ") > 10
 
 
-def test_pipeline_section(synthetic_dir, tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "benchmark", os.path.join(ROOT, "launch", "benchmark.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_pipeline_section(synthetic_dir, capsys):
     tsv = os.path.join(synthetic_dir, "train.tsv")
-    result = module.main(["--sections=pipeline", f"--tsv={tsv}", "--num-batches=5"])
-    for r in result["pipeline"]["runs"]:
+    args = argparse.Namespace(
+        tsv=tsv,
+        spm=None,
+        modes="document,sentence",
+        num_batches=5,
+        max_sentences=20,
+        max_len=128,
+        batch_tokens=2048,
+    )
+    result = pipeline.pipeline_section(args, {})
+    assert [(r["mode"], r["iterator"]) for r in result["runs"]] == [
+        (m, i) for m in ("document", "sentence") for i in ("tf.data", "numpy")
+    ]
+    for r in result["runs"]:
         assert r["batches"] == 5 and 0.0 <= r["padding_fraction"] < 1.0
+    report.print_pipeline(result)
+    assert "| document | tf.data |" in capsys.readouterr().out
+
+
+def test_presets_fill_only_what_the_command_line_leaves_unset():
+    unset = {key: None for key in benchmarking.PRESETS["full"]}
+    args = argparse.Namespace(**dict(unset, quick=True, profile="trace", modes="document"))
+    args.steps = 7
+    benchmarking.apply_presets(args)
+    assert args.size == "tiny" and args.steps == 7
+    assert args.sections == "peak,train,decode,growth,profile"
+    with pytest.raises(ValueError, match="unknown sections"):
+        benchmarking.apply_presets(
+            argparse.Namespace(
+                **dict(unset, quick=False, profile=None, modes="document", sections="x")
+            )
+        )
 
 
 def test_dummy_batch_has_no_padding_and_right_segments():

@@ -1,0 +1,177 @@
+"""Markdown tables of the benchmark results: one ``print_*`` per section, each taking what the
+section returned (the JSON of ``launch/benchmark.py --json``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+Results = dict[str, Any]
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A markdown table; every column but the first is right-aligned."""
+    print("| " + " | ".join(headers) + " |")
+    print("|---|" + "---:|" * (len(headers) - 1))
+    for row in rows:
+        print("| " + " | ".join(str(c) for c in row) + " |")
+
+
+def fmt(value: float | None, spec: str = ",.0f", scale: float = 1.0) -> str:
+    """``value * scale`` formatted by ``spec``; "n/a" when there is no value."""
+    return "n/a" if value is None else format(value * scale, spec)
+
+
+def print_peak(result: Results) -> None:
+    print(
+        f"\n### peak: matmul on {result['device']}: float32 {result['float32_gflops']:,.0f} "
+        f"GFLOP/s ({result['float32_size']}²), bfloat16 {result['bfloat16_gflops']:,.0f} "
+        f"GFLOP/s ({result['bfloat16_size']}²)\n"
+    )
+
+
+def print_train(result: Results) -> None:
+    print(
+        f"\n### train: size {result['size']}, {result['dtype']}, MFU against the measured "
+        f"{result['dtype']} peak; ratio to {result['baseline']}\n"
+    )
+    rows = []
+    for r in result["runs"]:
+        rows.append(
+            [
+                r["model"],
+                "x".join(map(str, r["batch"])),
+                f"{r['compile_seconds']:.1f}",
+                f"{1000 * r['step_seconds']:.1f}",
+                f"{r['tokens_per_s']:,.0f}",
+                f"{r['tokens_per_s_ratio']:.2f}",
+                fmt(r["flops_per_step"], ".3f", 1e-9),
+                fmt(r["jaxpr_over_analytic"], ".3f"),
+                fmt(r["xla_over_analytic"], ".3f"),
+                fmt(r["achieved_flops_per_s"], ",.1f", 1e-9),
+                fmt(r["mfu"], ".1%"),
+                f"{r['memory_bytes']['total'] / 2**20:,.2f}",
+                f"{r['memory_bytes']['temp'] / 2**20:,.2f}",
+            ]
+        )
+    print_table(
+        [
+            "model",
+            "batch BxSxT",
+            "compile s",
+            "step ms",
+            "target tok/s",
+            "tok/s ratio",
+            "GFLOP/step",
+            "jaxpr dots/analytic",
+            "XLA/analytic",
+            "GFLOP/s",
+            "MFU",
+            "compiled MiB",
+            "temp MiB",
+        ],
+        rows,
+    )
+
+
+def print_decode(result: Results) -> None:
+    print(
+        f"\n### decode: every sentence {result['decode_len']} tokens (EOS forced last); "
+        f"ratio to {result['baseline']}\n"
+    )
+    rows = [
+        [
+            r["model"],
+            r["search"],
+            r["sentences"],
+            r["calls"],
+            f"{r['mean_output_len']:.1f}",
+            f"{r['compile_seconds']:.1f}",
+            f"{r['compilations']}" + (f" +{r['recompilations']}" if r["recompilations"] else ""),
+            f"{1000 * r['seconds']:.1f}",
+            f"{r['sentences_per_s']:,.1f}",
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['sentences_per_s_ratio']:.2f}",
+        ]
+        for r in result["runs"]
+    ]
+    print_table(
+        [
+            "model",
+            "search",
+            "sentences",
+            "calls",
+            "tokens/sent",
+            "compile s",
+            "compilations",
+            "ms (all calls)",
+            "sentences/s",
+            "tokens/s",
+            "sent/s ratio",
+        ],
+        rows,
+    )
+
+
+def print_growth(result: Results) -> None:
+    print(f"\n### growth: train step against batch shape ({result['chunks']} chunks)\n")
+    rows = []
+    for axis, by_model in result["sweeps"].items():
+        for name, points in by_model.items():
+            for p in points:
+                rows.append(
+                    [
+                        name,
+                        axis,
+                        p["sentences"],
+                        p["length"],
+                        f"{1000 * p['step_seconds']:.1f}",
+                        f"{p['memory_bytes'] / 2**20:,.2f}",
+                        f"{p['temp_bytes'] / 2**20:,.2f}",
+                        fmt(p["flops_per_step"], ".3f", 1e-9),
+                    ]
+                )
+    headers = ["model", "sweep", "S", "T", "step ms", "compiled MiB", "temp MiB", "GFLOP/step"]
+    print_table(headers, rows)
+    print("\nfitted log-log slopes (growth exponents):\n")
+    rows = [
+        [
+            name,
+            axis,
+            f"{s['time']:.2f}",
+            f"{s['memory']:.2f}",
+            f"{s['temp_memory']:.2f}",
+            fmt(s["flops"], ".2f"),
+        ]
+        for axis, by_model in result["slopes"].items()
+        for name, s in by_model.items()
+    ]
+    print_table(["model", "against", "time", "memory", "temp memory", "analytic FLOPs"], rows)
+
+
+def print_pipeline(result: Results) -> None:
+    c = result["corpus"]
+    print(
+        f"\n### pipeline: {result['tsv']} ({c['documents']} documents, {c['sentences']} "
+        f"sentences, {c['src_tokens']}+{c['tgt_tokens']} tokens with EOS; encoder: "
+        f"{result['encoder']}; tokenised in {result['tokenize_seconds']:.2f} s)\n"
+    )
+    print(
+        "| mode | iterator | batches/s | chunks/s | sentences/s | real tokens/s (src+tgt) "
+        "| padded tokens/s | padding % | shapes | resume 1st batch s |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in result["runs"]:
+        real = r["src_tokens_per_s"] + r["tgt_tokens_per_s"]
+        print(
+            f"| {r['mode']} | {r['iterator']} | {r['batches_per_s']:,.0f} "
+            f"| {r['chunks_per_s']:,.0f} | {r['sentences_per_s']:,.0f} | {real:,.0f} "
+            f"| {r['padded_tokens_per_s']:,.0f} | {100 * r['padding_fraction']:.1f} "
+            f"| {r['distinct_shapes']}/{r['declared_shapes']} "
+            f"| {r['resume_first_batch_seconds']:.2f} |"
+        )
+
+
+def print_profile(result: Results) -> None:
+    print("\n### profile traces (tensorboard --logdir DIR, Profile tab)\n")
+    print_table(["model", "trace directory"], list(result["traces"].items()))

@@ -1,0 +1,87 @@
+"""What the benchmarks compare: the models at a size and dtype, and their shared batch.
+
+Batches are synthetic and fully real (seeded random tokens, no padding): ``chunks`` chunks of
+``sentences`` sentences of ``length`` tokens. Document models get the chunks, the sentence
+Transformer the same sentences as rows, so every model learns the same target tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+Results = dict[str, Any]
+
+SIZES = {
+    "tiny": {"d_model": 32, "num_heads": 2, "ffn_dim": 64, "layers": 1},  # for tests
+    "ted": {"d_model": 256, "num_heads": 4, "ffn_dim": 512, "layers": 4},
+    "base": {"d_model": 512, "num_heads": 8, "ffn_dim": 2048, "layers": 6},
+}
+OPTIONAL_MODELS = ("doc2doc",)  # benchmarked by default once build_task knows them
+
+
+def model_names(args: argparse.Namespace) -> list[str]:
+    """``--models``, or ``transformer,final`` plus the optional models build_task knows."""
+    if args.models != "auto":
+        return args.models.split(",")
+    names = ["transformer", "final"]
+    for name in OPTIONAL_MODELS:
+        try:
+            build(name, args, 1)
+        except ValueError:
+            continue
+        names.append(name)
+    return names
+
+
+def build(name: str, args: argparse.Namespace, sentences: int) -> Any:
+    """The task of model ``name`` at ``--size``/``--dtype``, fit for chunks of ``sentences``."""
+    from docnmt_jax.models import build_task
+
+    size = SIZES[args.size]
+    config = {
+        "name": name,
+        "d_model": size["d_model"],
+        "num_heads": size["num_heads"],
+        "ffn_dim": size["ffn_dim"],
+        "num_encoder_layers": size["layers"],
+        "num_decoder_layers": size["layers"],
+        "dtype": args.dtype,
+    }
+    task = build_task(config, args.vocab)
+    if getattr(task.config, "max_segments", sentences) < sentences:
+        task = type(task)(dataclasses.replace(task.config, max_segments=sentences))
+    return task
+
+
+def make_batch(args: argparse.Namespace, chunks: int, sentences: int, length: int) -> Results:
+    """The shared synthetic batch: ``[chunks, sentences, length]``, seeded, no padding."""
+    from docnmt_jax.training.restore import dummy_batch
+
+    return dummy_batch(sentences, length, rows=chunks, vocab_size=args.vocab)
+
+
+def analytic_train_flops(task: Any, batch: Results) -> tuple[int | None, dict[str, int]]:
+    """flops.py's count for one train step on ``batch`` and its forward terms (None if the
+    model has no analytic count)."""
+    from docnmt_jax import flops
+
+    if not flops.supported(task.config):
+        return None, {}
+    B, S, T = batch["tgt"].shape
+    shape = flops.BatchShape(B, S, batch["src"].shape[-1], T)
+    return flops.train_flops(task.config, shape), flops.forward_terms(task.config, shape)
+
+
+def add_ratios(runs: list[Results], key: str, group: str | None = None) -> str:
+    """Adds ``{key}_ratio`` (run / baseline) to every run; the baseline is the sentence
+    Transformer if present, else the first model (per ``group`` value when given)."""
+    names = [r["model"] for r in runs]
+    baseline = "transformer" if "transformer" in names else names[0]
+    for r in runs:
+        base = next(
+            b for b in runs if b["model"] == baseline and (group is None or b[group] == r[group])
+        )
+        r[f"{key}_ratio"] = r[key] / base[key]
+    return baseline
