@@ -3,16 +3,17 @@ Transformer cannot. A denser, shorter variant of the synthetic task (pronouns on
 in the previous sentence, documents of 2-4 sentences) so a tiny model learns it in about a minute;
 the full task and its numbers are in BUILD_NOTES.md (``launch/context_proof.py``)."""
 
+import json
 import os
+import subprocess
 import sys
 
 import pytest
+from conftest import ROOT
 
 from docnmt_jax.config_files import load_config
 from docnmt_jax.data import synthetic
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "launch"))
-import context_proof  # noqa: E402
+from docnmt_jax.evaluation import context_proof
 
 FAST_TASK = dict(
     num_documents=2000,
@@ -36,7 +37,7 @@ def fast_corpus(tmp_path_factory):
 def _run(name: str, data_dir: str, workdir: str) -> dict:
     overrides = dict(context_proof.TINY, num_steps=800)
     config = context_proof.proof_config(
-        load_config(os.path.join(context_proof.ROOT, "configs", f"{name}.py")),
+        load_config(os.path.join(ROOT, "configs", f"{name}.py")),
         data_dir,
         **overrides,
     )
@@ -59,32 +60,37 @@ def test_final_uses_context_and_the_sentence_model_cannot(fast_corpus, tmp_path)
 
 
 @pytest.mark.slow
-def test_curriculum_stages_chain_and_tracking(tmp_path, capsys):
-    """``--curriculum_steps`` trains every stage from the previous one's parameters, then the
-    default task from the last stage; ``--track`` logs the dev forced choice."""
+def test_curriculum_stages_chain_and_tracking(tmp_path):
+    """``launch/context_proof.py --curriculum_steps`` trains every stage from the previous
+    one's parameters, then the default task from the last stage; ``--track`` logs the dev
+    forced choice."""
     workdir = tmp_path / "proof"
-    context_proof.main(
-        [
-            "--config",
-            os.path.join(context_proof.ROOT, "configs", "final.py"),
-            "--workdir",
-            str(workdir),
-            "--tiny",
-            "--train_docs",
-            "40",
-            "--test_docs",
-            "4",
-            "--curriculum_steps",
-            "2,2",
-            "--num_steps",
-            "2",
-            "--track",
-        ]
+    argv = [
+        "--config",
+        os.path.join(ROOT, "configs", "final.py"),
+        "--workdir",
+        str(workdir),
+        "--tiny",
+        "--train_docs",
+        "40",
+        "--test_docs",
+        "4",
+        "--curriculum_steps",
+        "2,2",
+        "--num_steps",
+        "2",
+        "--track",
+    ]
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "launch", "context_proof.py"), *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
     )
-    assert "forced choice" in capsys.readouterr().out
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "forced choice" in proc.stdout
     adjacent, short = (workdir / f"curriculum_{n}" for n in ("adjacent", "short"))
-    import json
-
     short_config = json.loads((short / "model" / "config.json").read_text())
     main_config = json.loads((workdir / "model" / "config.json").read_text())
     assert short_config["init_from"] == str(adjacent / "model")
