@@ -1,12 +1,10 @@
 """Shared fixtures: a small synthetic document corpus and a tiny training config."""
 
 import os
-import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 @pytest.fixture(scope="session")

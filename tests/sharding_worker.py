@@ -17,7 +17,6 @@ if __name__ == "__main__":
     with open(sys.argv[1], encoding="utf-8") as f:
         SPEC = json.load(f)
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={SPEC['devices']}"
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import ml_collections  # noqa: E402
