@@ -1,0 +1,308 @@
+"""Stage 2 of the document pipeline (:mod:`docnmt_jax.data.pipeline`): bucketing of the chunks
+and the deterministic global batch plan of every epoch (:class:`BatchPlan`, :class:`EpochPlan`),
+including the NumPy materialisation of a planned batch."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from docnmt_jax.data.documents import Document
+from docnmt_jax.data.tokenized import (
+    Encode,
+    PipelineConfig,
+    TokenizedCorpus,
+    corpus_stats,
+    make_chunks,
+    tokenize_corpus,
+)
+
+Batch = dict[str, np.ndarray]
+
+BATCH_FEATURES = (
+    "src",
+    "tgt",
+    "src_mask",
+    "tgt_mask",
+    "src_positions",
+    "tgt_positions",
+    "src_segment_ids",
+    "tgt_segment_ids",
+    "sentence_mask",
+    "doc_index",
+    "chunk_index",
+    "sentence_offset",
+)
+# [B] features, taken from columns 2.. of the chunk rows table (see BatchPlan.gather_tables).
+_ROW_FEATURES = ("doc_index", "chunk_index", "sentence_offset")
+_ROW_COLUMNS = ("count", "start", "doc", "index", "offset")
+
+
+def _segments(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``flat[starts[i] : starts[i] + lengths[i]]`` over ``i`` (vectorised)."""
+    out_starts = np.cumsum(lengths) - lengths
+    return flat[np.repeat(starts - out_starts, lengths) + np.arange(int(lengths.sum()))]
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochPlan:
+    """Batches of one epoch in order: batch ``b`` is the chunk ids ``ids[starts[b]:][:sizes[b]]``
+    (-1 = padding row) in shape ``[sizes[b], s[b], t[b]]``."""
+
+    ids: np.ndarray  # int32 [sum(sizes)]
+    sizes: np.ndarray  # int32 [batches]
+    s: np.ndarray  # int32 [batches]
+    t: np.ndarray  # int32 [batches]
+
+    def __len__(self) -> int:
+        return int(self.sizes.size)
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.cumsum(self.sizes, dtype=np.int64) - self.sizes
+
+    def batch(self, b: int) -> np.ndarray:
+        start = int(self.starts[b])
+        return self.ids[start : start + int(self.sizes[b])]
+
+    def local(self, process_index: int, process_count: int) -> EpochPlan:
+        """The rows ``[i*B/P, (i+1)*B/P)`` of every batch, for process ``i`` of ``P``."""
+        sizes = self.sizes // process_count
+        ids = _segments(self.ids, self.starts + process_index * sizes, sizes)
+        return EpochPlan(ids, sizes, self.s, self.t)
+
+    def slice(self, start: int) -> EpochPlan:
+        """Batches ``start`` and later."""
+        first = int(self.sizes[:start].sum())
+        return EpochPlan(self.ids[first:], self.sizes[start:], self.s[start:], self.t[start:])
+
+
+def _assemble(
+    tokens: Any, m: Any, positions: Any, segments: Any, rows: Any, sent_mask: Any
+) -> dict[str, Any]:
+    """The batch features from side-stacked ``[2, B, S, T]`` arrays (NumPy or TF alike)."""
+    out = {"sentence_mask": sent_mask}
+    for i, side in enumerate(("src", "tgt")):
+        out[side] = tokens[i]
+        out[f"{side}_mask"] = m[i]
+        out[f"{side}_positions"] = positions[i]
+        out[f"{side}_segment_ids"] = segments[i]
+    for j, name in enumerate(_ROW_FEATURES, start=2):
+        out[name] = rows[:, j]
+    return {k: out[k] for k in BATCH_FEATURES}
+
+
+class BatchPlan:
+    """Deterministic global batch plan over epochs; step ``n`` = the ``n``-th global batch."""
+
+    def __init__(self, corpus: TokenizedCorpus, config: PipelineConfig):
+        if (corpus.src.max_len, corpus.tgt.max_len) != (config.max_src_len, config.max_tgt_len):
+            raise ValueError(
+                f"corpus was truncated to max lengths ({corpus.src.max_len}, "
+                f"{corpus.tgt.max_len}) but the config asks for ({config.max_src_len}, "
+                f"{config.max_tgt_len}); re-run tokenize_corpus with this config"
+            )
+        self.corpus = corpus
+        self.config = config
+        self.chunk_table = make_chunks(corpus, config)
+        sb, tb = np.asarray(config.s_buckets), np.asarray(config.t_buckets)
+        self._s_buckets, self._t_buckets = sb, tb
+        c = self.chunk_table
+        self.chunk_bucket = (
+            np.searchsorted(sb, c["count"]) * tb.size + np.searchsorted(tb, c["longest"])
+        ).astype(np.int64)
+        n_buckets = sb.size * tb.size
+        self._bucket_shape = [(int(s), int(t)) for s in sb for t in tb]
+        self._bucket_b = np.array([config.batch_size(s, t) for s, t in self._bucket_shape])
+        self._successor = [self._next_bucket(k) for k in range(n_buckets)]
+        counts = np.bincount(self.chunk_bucket, minlength=n_buckets)
+        self._batches_per_bucket, promoted, dropped = self._simulate(counts)
+        self.batches_per_epoch = int(self._batches_per_bucket.sum())
+        self.stats = dataclasses.replace(
+            corpus_stats(corpus, int(c["doc"].size)),
+            dropped_chunks_per_epoch=dropped,
+            promoted_chunks_per_epoch=promoted,
+            batches_per_epoch=self.batches_per_epoch,
+        )
+        self._cache: tuple[int, EpochPlan] | None = None
+        self._tables: dict[str, np.ndarray] | None = None
+
+    # -- bucket geometry ------------------------------------------------------------------------
+
+    def _next_bucket(self, k: int) -> int | None:
+        """Where the remainder of bucket ``k`` goes: the dominating neighbour with fewer cells."""
+        nt = self._t_buckets.size
+        si, ti = divmod(k, nt)
+        options = []
+        if ti + 1 < nt:
+            options.append(k + 1)
+        if si + 1 < self._s_buckets.size:
+            options.append(k + nt)
+        if not options:
+            return None
+        return min(options, key=lambda j: (self._bucket_shape[j][0] * self._bucket_shape[j][1], -j))
+
+    def _simulate(self, counts: np.ndarray) -> tuple[np.ndarray, int, int]:
+        """Batches per bucket, promoted and dropped chunks of one epoch (shuffle-independent)."""
+        carry = np.zeros_like(counts)
+        batches = np.zeros_like(counts)
+        promoted = dropped = 0
+        for k in range(counts.size):  # row-major order is a topological order of successors
+            pool, b = int(counts[k] + carry[k]), int(self._bucket_b[k])
+            if self.config.pad_batch:
+                batches[k] = -(-pool // b)
+                continue
+            batches[k], rest = divmod(pool, b)
+            nxt = self._successor[k]
+            if nxt is None:
+                dropped += rest
+            else:
+                carry[nxt] += rest
+                promoted += rest
+        return batches, promoted, dropped
+
+    @property
+    def shapes(self) -> frozenset[tuple[int, int, int]]:
+        """Global ``(B, S, T)`` of every batch the plan produces (the same in every epoch)."""
+        return frozenset(
+            (int(self._bucket_b[k]), *self._bucket_shape[k])
+            for k in np.flatnonzero(self._batches_per_bucket)
+        )
+
+    @property
+    def local_shapes(self) -> frozenset[tuple[int, int, int]]:
+        """``(B / process_count, S, T)`` of the batches this process materialises."""
+        return frozenset((b // self.config.process_count, s, t) for b, s, t in self.shapes)
+
+    @property
+    def num_batches(self) -> int | None:
+        """Total global batches, or None when repeating forever."""
+        e = self.config.num_epochs
+        return None if e is None else e * self.batches_per_epoch
+
+    # -- epochs ---------------------------------------------------------------------------------
+
+    def epoch(self, e: int) -> EpochPlan:
+        """The global batches of epoch ``e`` (cached: consecutive calls are free)."""
+        if self._cache is not None and self._cache[0] == e:
+            return self._cache[1]
+        cfg = self.config
+        n = self.chunk_bucket.size
+        rng = np.random.default_rng((cfg.seed, e))
+        order = rng.permutation(n) if cfg.shuffle else np.arange(n)
+        keys = self.chunk_bucket[order]
+        grouped = order[np.argsort(keys, kind="stable")]
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(keys, minlength=len(self._bucket_b)))])
+        carry: dict[int, list[np.ndarray]] = {}
+        pools: list[np.ndarray] = []  # per bucket: its batches' chunk ids, concatenated
+        counts = np.zeros(len(self._bucket_b), dtype=np.int64)  # batches per bucket
+        for k, b in enumerate(self._bucket_b.tolist()):
+            pool = np.concatenate(carry.pop(k, []) + [grouped[bounds[k] : bounds[k + 1]]])
+            full = pool.size // b * b
+            if cfg.pad_batch and pool.size > full:
+                pool = np.concatenate([pool, np.full(full + b - pool.size, -1, pool.dtype)])
+                full = pool.size
+            pools.append(pool[:full])
+            counts[k] = full // b
+            if full < pool.size and self._successor[k] is not None:
+                carry.setdefault(self._successor[k], []).append(pool[full:])
+        assert counts.sum() == self.batches_per_epoch
+        ids = np.concatenate(pools).astype(np.int32)
+        bucket = np.repeat(np.arange(counts.size), counts)
+        sizes = self._bucket_b[bucket]
+        if cfg.shuffle:
+            perm = rng.permutation(bucket.size)
+            ids = _segments(ids, (np.cumsum(sizes) - sizes)[perm], sizes[perm])
+            bucket, sizes = bucket[perm], sizes[perm]
+        st = np.asarray(self._bucket_shape, dtype=np.int32).reshape(-1, 2)[bucket]
+        plan = EpochPlan(ids, sizes.astype(np.int32), st[:, 0].copy(), st[:, 1].copy())
+        self._cache = (e, plan)
+        return plan
+
+    def epochs_from(self, start_step: int = 0) -> Iterator[EpochPlan]:
+        """Global epoch plans from step ``start_step`` on (the first one sliced to start there)."""
+        if start_step < 0:
+            raise ValueError(f"start_step must be >= 0, got {start_step}")
+        nb = self.batches_per_epoch
+        if nb == 0:
+            if self.config.num_epochs is None:
+                raise ValueError("the plan has no batch per epoch: the corpus is too small")
+            return
+        e, i = divmod(start_step, nb)
+        while self.config.num_epochs is None or e < self.config.num_epochs:
+            yield self.epoch(e).slice(i)
+            e, i = e + 1, 0
+
+    def local_epochs_from(self, start_step: int = 0) -> Iterator[EpochPlan]:
+        """Like :meth:`epochs_from`, restricted to this process's rows."""
+        cfg = self.config
+        for plan in self.epochs_from(start_step):
+            yield plan.local(cfg.process_index, cfg.process_count)
+
+    # -- materialisation ------------------------------------------------------------------------
+
+    def gather_tables(self) -> dict[str, np.ndarray]:
+        """Flat tables used to materialise batches, both sides stacked on a leading axis.
+
+        ``rows`` [chunks, 5] = (sentence count, first global sentence, doc, chunk index,
+        sentence offset); ``tokens`` = source then target tokens; ``offsets``/``lengths``
+        [2, sentences] (target offsets shifted past the source tokens). Index dtype is int32
+        unless the corpus needs int64.
+        """
+        if self._tables is None:
+            c, src, tgt = self.chunk_table, self.corpus.src, self.corpus.tgt
+            big = src.tokens.size + tgt.tokens.size >= np.iinfo(np.int32).max
+            itype = np.int64 if big else np.int32
+            self._tables = {
+                "rows": np.stack([c[k] for k in _ROW_COLUMNS], axis=1).astype(itype),
+                "tokens": np.concatenate([src.tokens, tgt.tokens]),
+                "offsets": np.stack([src.offsets, tgt.offsets + src.tokens.size]).astype(itype),
+                "lengths": np.stack([src.lengths, tgt.lengths]).astype(itype),
+            }
+        return self._tables
+
+    def materialize(self, chunk_ids: np.ndarray, s: int, t: int) -> Batch:
+        """The batch of ``chunk_ids`` (-1 = padding row) in shape ``[B, s, t]`` (NumPy)."""
+        tab = self.gather_tables()
+        ids = np.asarray(chunk_ids, dtype=np.int64)
+        real = ids >= 0
+        rows = np.where(real[:, None], tab["rows"][np.maximum(ids, 0)], -1)  # [B, 5]
+        srange = np.arange(s)
+        sent_mask = srange[None, :] < rows[:, 0:1]  # [B, S]
+        sid = np.where(sent_mask, rows[:, 1:2] + srange[None, :], 0)
+        length = np.where(sent_mask[None], tab["lengths"][:, sid], 0)  # [2, B, S]
+        pos = np.arange(t)
+        mask = pos < length[..., None]  # [2, B, S, T]
+        idx = np.where(mask, tab["offsets"][:, sid][..., None] + pos, 0)
+        tokens = np.where(mask, tab["tokens"][idx], 0).astype(np.int32)
+        m = mask.astype(np.int32)
+        positions = m * pos.astype(np.int32)
+        segments = m * (srange + 1).astype(np.int32)[None, None, :, None]
+        return _assemble(
+            tokens, m, positions, segments, rows.astype(np.int32), sent_mask.astype(np.int32)
+        )
+
+
+PipelineInput = Sequence[Document] | TokenizedCorpus | BatchPlan
+
+
+def plan_batches(
+    data: PipelineInput,
+    encode: Encode | None = None,
+    config: PipelineConfig | None = None,
+) -> BatchPlan:
+    """The deterministic batch plan of documents (tokenised with ``encode``) or a corpus; a
+    :class:`BatchPlan` is returned as is (its config must match ``config`` when one is given)."""
+    if isinstance(data, BatchPlan):
+        if config is not None and config != data.config:
+            raise ValueError("a BatchPlan was given with a different config")
+        return data
+    if isinstance(data, TokenizedCorpus):
+        return BatchPlan(data, config or data.config)
+    if encode is None:
+        raise ValueError("encode is required when raw documents are given")
+    config = config or PipelineConfig()
+    return BatchPlan(tokenize_corpus(data, encode, config), config)

@@ -1,0 +1,264 @@
+"""Stage 1 of the document pipeline (:mod:`docnmt_jax.data.pipeline`): its configuration, the
+tokenised corpus (flat int32 token arrays with per-sentence offsets, EOS appended, truncated) and
+the chunk table that cuts its documents into runs of at most ``S`` sentences."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from docnmt_jax.data.documents import Document
+from docnmt_jax.data.tokenizer import EOS_ID
+
+Encode = Callable[[Sequence[str]], list[list[int]]]
+
+logger = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------------------------------
+# Configuration and statistics.
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """Chunking, bucketing, batching and ordering of the document pipeline."""
+
+    max_sentences: int = 20
+    max_src_len: int = 128
+    max_tgt_len: int = 128
+    batch_src_tokens: int = 2048
+    batch_tgt_tokens: int = 2048
+    sentence_level: bool = False
+    length_buckets: tuple[int, ...] = (8, 16, 32, 64, 128)
+    sentence_buckets: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 20)
+    shuffle: bool = True
+    seed: int = 0
+    num_epochs: int | None = None
+    process_index: int = 0
+    process_count: int = 1
+    pad_batch: bool = False
+    batch_multiple: int = 1
+    # The consumer works on one sentence of every chunk at a time (FINAL's decoding, sentence
+    # after sentence): the token budget counts one sentence per chunk, ``B = budget // t``.
+    sequential_sentences: bool = False
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_sentences",
+            "max_src_len",
+            "max_tgt_len",
+            "process_count",
+            "batch_multiple",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"PipelineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("batch_src_tokens", "batch_tgt_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"PipelineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.process_index < self.process_count:
+            raise ValueError(f"process_index {self.process_index} not in [0, {self.process_count})")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.num_epochs is not None and self.num_epochs < 0:
+            raise ValueError(f"num_epochs must be >= 0 or None, got {self.num_epochs}")
+        if any(b < 1 for b in self.length_buckets + self.sentence_buckets):
+            raise ValueError("bucket boundaries must be >= 1")
+
+    @property
+    def sentences_per_chunk(self) -> int:
+        """``S`` of the largest chunk: 1 in sentence-level mode."""
+        return 1 if self.sentence_level else self.max_sentences
+
+    @property
+    def s_buckets(self) -> tuple[int, ...]:
+        """Sentence buckets clipped to (and always including) ``sentences_per_chunk``."""
+        return _clip_buckets(self.sentence_buckets, self.sentences_per_chunk)
+
+    @property
+    def t_buckets(self) -> tuple[int, ...]:
+        """Length buckets clipped to (and always including) the larger max length."""
+        return _clip_buckets(self.length_buckets, max(self.max_src_len, self.max_tgt_len))
+
+    def batch_size(self, s: int, t: int) -> int:
+        """Global rows ``B`` of a batch of bucket ``(s, t)``."""
+        slots = t if self.sequential_sentences else s * t
+        b = max(1, min(self.batch_src_tokens, self.batch_tgt_tokens) // slots)
+        p = math.lcm(self.process_count, self.batch_multiple)
+        return max(p, b // p * p)
+
+
+def _clip_buckets(buckets: Sequence[int], maximum: int) -> tuple[int, ...]:
+    return tuple(sorted({min(int(b), maximum) for b in buckets} | {maximum}))
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineStats:
+    """Corpus and plan counts. Token counts include EOS and are after truncation."""
+
+    documents: int
+    chunks: int
+    sentences: int
+    src_tokens: int
+    tgt_tokens: int
+    src_truncated: int
+    tgt_truncated: int
+    src_longest: int  # before truncation, including EOS
+    tgt_longest: int
+    dropped_chunks_per_epoch: int = 0
+    promoted_chunks_per_epoch: int = 0
+    batches_per_epoch: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenisation.
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedSide:
+    """All sentences of one side, flat: sentence ``k`` is ``tokens[offsets[k]:][:lengths[k]]``."""
+
+    tokens: np.ndarray  # int32 [total tokens], EOS included
+    offsets: np.ndarray  # int64 [sentences]
+    lengths: np.ndarray  # int32 [sentences], <= max_len
+    max_len: int
+    truncated: int
+    longest: int  # before truncation, including EOS (0 for an empty corpus)
+
+    def sentence(self, k: int) -> np.ndarray:
+        return self.tokens[self.offsets[k] : self.offsets[k] + self.lengths[k]]
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedCorpus:
+    """Token ids of a document list. Document ``d`` owns global sentences
+    ``sentence_starts[d]:sentence_starts[d+1]``."""
+
+    doc_ids: tuple[str, ...]
+    sentence_starts: np.ndarray  # int64 [documents + 1]
+    src: TokenizedSide
+    tgt: TokenizedSide
+    config: PipelineConfig
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.doc_ids)
+
+    @property
+    def num_sentences(self) -> int:
+        return int(self.sentence_starts[-1])
+
+    def document(self, d: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Source and target token arrays (with EOS) of document ``d``."""
+        ks = range(int(self.sentence_starts[d]), int(self.sentence_starts[d + 1]))
+        return [self.src.sentence(k) for k in ks], [self.tgt.sentence(k) for k in ks]
+
+    @property
+    def stats(self) -> PipelineStats:
+        """Counts for this corpus, chunked with :attr:`config`."""
+        return corpus_stats(self, make_chunks(self, self.config)["doc"].size)
+
+
+def corpus_stats(corpus: TokenizedCorpus, chunks: int) -> PipelineStats:
+    return PipelineStats(
+        documents=corpus.num_documents,
+        chunks=chunks,
+        sentences=corpus.num_sentences,
+        src_tokens=int(corpus.src.lengths.sum()),
+        tgt_tokens=int(corpus.tgt.lengths.sum()),
+        src_truncated=corpus.src.truncated,
+        tgt_truncated=corpus.tgt.truncated,
+        src_longest=corpus.src.longest,
+        tgt_longest=corpus.tgt.longest,
+    )
+
+
+def _encode_side(texts: list[str], encode: Encode, max_len: int, side: str) -> TokenizedSide:
+    ids = encode(texts) if texts else []
+    if len(ids) != len(texts):
+        raise ValueError(f"encode returned {len(ids)} sequences for {len(texts)} {side} texts")
+    raw_len = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    raw = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(raw_len.sum()))
+    if raw.size and (raw.min() < 0 or raw.max() > np.iinfo(np.int32).max):
+        raise ValueError(f"encode produced {side} ids outside [0, 2**31)")
+    full = raw_len + 1  # with EOS
+    keep = np.minimum(raw_len, max_len - 1)
+    lengths = keep + 1
+    offsets = np.zeros(len(ids), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=offsets[1:])
+    raw_offsets = np.zeros(len(ids), dtype=np.int64)
+    np.cumsum(raw_len[:-1], out=raw_offsets[1:])
+    tokens = np.empty(int(lengths.sum()), dtype=np.int32)
+    sent = np.repeat(np.arange(len(ids)), raw_len)
+    pos = np.arange(raw.size) - raw_offsets[sent]
+    kept = pos < keep[sent]
+    tokens[offsets[sent[kept]] + pos[kept]] = raw[kept]
+    tokens[offsets + keep] = EOS_ID
+    over = full > max_len
+    truncated = int(over.sum())
+    longest = int(full.max()) if full.size else 0
+    if truncated:
+        logger.warning(
+            "truncated %d of %d %s sentences longer than %d tokens (longest: %d, EOS included)",
+            truncated,
+            len(ids),
+            side,
+            max_len,
+            longest,
+        )
+    return TokenizedSide(tokens, offsets, lengths.astype(np.int32), max_len, truncated, longest)
+
+
+def tokenize_corpus(
+    documents: Sequence[Document], encode: Encode, config: PipelineConfig | None = None
+) -> TokenizedCorpus:
+    """Encodes all sentences (one batched ``encode`` call per side), appends EOS, truncates.
+
+    ``encode`` maps texts to id lists *without* EOS. Sentences longer than ``max_len``
+    (EOS included) keep their first ``max_len - 1`` tokens + EOS; this is logged as a
+    warning and counted in the stats.
+    """
+    config = config or PipelineConfig()
+    counts = np.fromiter((len(d) for d in documents), dtype=np.int64, count=len(documents))
+    starts = np.zeros(len(documents) + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    src_texts = [s for d in documents for s in d.src]
+    tgt_texts = [t for d in documents for t in d.tgt]
+    return TokenizedCorpus(
+        doc_ids=tuple(d.doc_id for d in documents),
+        sentence_starts=starts,
+        src=_encode_side(src_texts, encode, config.max_src_len, "source"),
+        tgt=_encode_side(tgt_texts, encode, config.max_tgt_len, "target"),
+        config=config,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunking.
+
+
+def make_chunks(corpus: TokenizedCorpus, config: PipelineConfig) -> dict[str, np.ndarray]:
+    """Chunk table: consecutive runs of <= S sentences per document, from sentence 0."""
+    S = config.sentences_per_chunk
+    per_doc = np.diff(corpus.sentence_starts)
+    n_chunks = -(-per_doc // S)
+    doc = np.repeat(np.arange(per_doc.size, dtype=np.int64), n_chunks)
+    first = np.zeros(per_doc.size, dtype=np.int64)
+    np.cumsum(n_chunks[:-1], out=first[1:])
+    index = np.arange(doc.size, dtype=np.int64) - first[doc]
+    offset = index * S
+    start = corpus.sentence_starts[:-1][doc] + offset
+    count = np.minimum(S, per_doc[doc] - offset)
+    sent_len = np.maximum(corpus.src.lengths, corpus.tgt.lengths)
+    longest = np.maximum.reduceat(sent_len, start) if doc.size else np.zeros(0, np.int32)
+    return {
+        "doc": doc,
+        "index": index,
+        "offset": offset,
+        "start": start,
+        "count": count,
+        "longest": longest.astype(np.int64),
+    }
