@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from docnmt_jax.data import bible
+from docnmt_jax.data import bible, bible_alignment, osis, sword
 from docnmt_jax.data.documents import Document, write_tsv
 from docnmt_jax.data.readers import read_tsv
 
@@ -24,8 +24,8 @@ MISSING_MODULES = (
 def _modules_installed() -> bool:
     try:
         for name in (bible.SRC_MODULE, bible.TGT_MODULE):
-            bible.find_module(name, None)
-    except bible.SwordModuleNotFoundError:
+            sword.find_module(name, None)
+    except sword.SwordModuleNotFoundError:
         return False
     return True
 
@@ -130,12 +130,12 @@ SPA_JOSH_5_4_PART = (
     ],
 )
 def test_clean_osis(raw: str, expected: str) -> None:
-    assert bible.clean_osis(raw) == expected
+    assert osis.clean_osis(raw) == expected
 
 
 def test_clean_osis_footnote_before_punctuation_leaves_no_space() -> None:
     raw = 'the <w lemma="x">God</w><note placement="foot">a note</note>, and <q>x</q>'
-    assert bible.clean_osis(raw) == "the God, and x"
+    assert osis.clean_osis(raw) == "the God, and x"
 
 
 # --------------------------------------------------------------------------- shift detection
@@ -153,16 +153,16 @@ def _noisy(lengths: dict[int, int], seed: int, scale: float = 1.1) -> dict[int, 
 
 def test_chapter_shift_unshifted_is_zero() -> None:
     src = _lengths(30, seed=1)
-    assert bible.chapter_shift(src, _noisy(src, seed=2)) == 0
+    assert bible_alignment.chapter_shift(src, _noisy(src, seed=2)) == 0
 
 
 def test_chapter_shift_detects_whole_chapter_shift() -> None:
     # Source verse v is target verse v-1 (as Spanish Jonah 2:2 = English Jonah 2:1).
     tgt = _lengths(20, seed=3)
     src = {v + 1: n for v, n in _noisy(tgt, seed=4, scale=1.0).items()}
-    assert bible.chapter_shift(src, tgt) == -1
+    assert bible_alignment.chapter_shift(src, tgt) == -1
     # ... and the mirror image.
-    assert bible.chapter_shift(tgt, src) == 1
+    assert bible_alignment.chapter_shift(tgt, src) == 1
 
 
 def test_chapter_shift_detects_shift_from_some_verse_on() -> None:
@@ -170,24 +170,24 @@ def test_chapter_shift_detects_shift_from_some_verse_on() -> None:
     tgt = _lengths(30, seed=5)
     src = {v: tgt[v] for v in range(1, 13)}
     src.update({v: tgt[v + 2] for v in range(13, 29)})
-    assert bible.chapter_shift(src, tgt) == 2
+    assert bible_alignment.chapter_shift(src, tgt) == 2
 
 
 def test_chapter_shift_uniform_lengths_is_zero() -> None:
     # Poetry-like chapters: all verses about the same length, no evidence for a shift.
     src = {v: 60 + (v % 3) for v in range(1, 12)}
     tgt = {v: 62 - (v % 2) for v in range(1, 12)}
-    assert bible.chapter_shift(src, tgt) == 0
+    assert bible_alignment.chapter_shift(src, tgt) == 0
 
 
 def test_chapter_shift_too_few_verses_is_zero() -> None:
-    assert bible.chapter_shift({1: 10, 2: 300, 3: 40}, {1: 300, 2: 40, 3: 90}) == 0
+    assert bible_alignment.chapter_shift({1: 10, 2: 300, 3: 40}, {1: 300, 2: 40, 3: 90}) == 0
 
 
 def test_chapter_shift_uses_center() -> None:
     src = _lengths(25, seed=6)
     tgt = _noisy(src, seed=7, scale=2.0)  # target systematically twice as long
-    assert bible.chapter_shift(src, tgt, center=-0.69) == 0
+    assert bible_alignment.chapter_shift(src, tgt, center=-0.69) == 0
 
 
 def _texts(lengths: dict[int, int], book: str, chapter: int) -> dict:
@@ -199,7 +199,7 @@ def test_detect_shifted_chapters_and_align_rules() -> None:
     tgt_shifted = _lengths(20, seed=9)
     src = _texts(good, "Gen", 1) | _texts({v + 1: n for v, n in tgt_shifted.items()}, "Jonah", 2)
     tgt = _texts(_noisy(good, seed=10), "Gen", 1) | _texts(tgt_shifted, "Jonah", 2)
-    assert bible.detect_shifted_chapters(src, tgt) == {("Jonah", 2): -1}
+    assert bible_alignment.detect_shifted_chapters(src, tgt) == {("Jonah", 2): -1}
 
     src[("Gen", 1, 3)] = ""  # empty source verse
     tgt[("Gen", 1, 4)] = ""  # empty target verse
@@ -207,7 +207,7 @@ def test_detect_shifted_chapters_and_align_rules() -> None:
     del tgt[("Gen", 1, 25)]  # verse only in the source versification
     tgt[("Gen", 1, 26)] = "y" * 40  # verse only in the target versification
     src[("Tob", 1, 1)] = tgt[("Tob", 1, 1)] = "not in the shared books"
-    alignment = bible.align(src, tgt)
+    alignment = bible_alignment.align(src, tgt)
     assert alignment.shifted == {("Jonah", 2): -1}
     assert list(alignment.chapters) == [("Gen", 1)]
     verses = [v for v, _, _ in alignment.chapters[("Gen", 1)]]
@@ -221,24 +221,25 @@ def test_detect_shifted_chapters_and_align_rules() -> None:
     }
     assert alignment.drops[("Jonah", 2)] == {"shifted_chapter": 21}
 
-    splits = bible.split_books(alignment)
+    splits = bible_alignment.split_books(alignment)
     assert [d.doc_id for d in splits["train"]] == ["Gen.1"]
     assert splits["dev"] == splits["test"] == []
 
 
 def test_split_of_book() -> None:
-    assert [bible.split_of_book(b) for b in ("Esth", "Lam", "Dan", "Heb", "1Pet")] == ["dev"] * 5
-    assert [bible.split_of_book(b) for b in ("Ruth", "Eccl", "John", "Gal", "Jas")] == ["test"] * 5
-    assert sum(bible.split_of_book(b) == "train" for b in bible.PROTESTANT_CANON) == 56
-    assert len(set(bible.PROTESTANT_CANON)) == 66
+    split_of_book, canon = bible_alignment.split_of_book, bible_alignment.PROTESTANT_CANON
+    assert [split_of_book(b) for b in ("Esth", "Lam", "Dan", "Heb", "1Pet")] == ["dev"] * 5
+    assert [split_of_book(b) for b in ("Ruth", "Eccl", "John", "Gal", "Jas")] == ["test"] * 5
+    assert sum(split_of_book(b) == "train" for b in canon) == 56
+    assert len(set(canon)) == 66
 
 
 def test_missing_modules_error(tmp_path, monkeypatch) -> None:
-    with pytest.raises(bible.SwordModuleNotFoundError, match="apt-get install -y sword-text-sparv"):
-        bible.read_module_verses(bible.SRC_MODULE, sword_path=tmp_path)
+    with pytest.raises(sword.SwordModuleNotFoundError, match="apt-get install -y sword-text-sparv"):
+        sword.read_module_verses(bible.SRC_MODULE, sword_path=tmp_path)
     monkeypatch.setenv("SWORD_PATH", str(tmp_path))
-    assert bible.sword_search_paths() == [str(tmp_path)]
-    with pytest.raises(bible.SwordModuleNotFoundError, match=str(tmp_path)):
+    assert sword.sword_search_paths() == [str(tmp_path)]
+    with pytest.raises(sword.SwordModuleNotFoundError, match=str(tmp_path)):
         bible.prepare_bible(tmp_path / "out")
 
 
@@ -249,7 +250,7 @@ def test_missing_modules_error(tmp_path, monkeypatch) -> None:
 def verses() -> tuple[dict, dict]:
     if not _modules_installed():
         pytest.skip(MISSING_MODULES)
-    return bible.read_module_verses(bible.SRC_MODULE), bible.read_module_verses(bible.TGT_MODULE)
+    return sword.read_module_verses(bible.SRC_MODULE), sword.read_module_verses(bible.TGT_MODULE)
 
 
 def test_real_genesis_1(verses) -> None:
@@ -272,7 +273,7 @@ def test_real_psalm_titles_kept_on_both_sides(verses) -> None:
 def test_real_text_is_clean(verses) -> None:
     for side in verses:
         for key, text in side.items():
-            if key[0] not in bible.PROTESTANT_CANON:
+            if key[0] not in bible_alignment.PROTESTANT_CANON:
                 continue
             assert "<" not in text and ">" not in text and "\x00" not in text, key
             assert "  " not in text and text == text.strip(), key
@@ -285,8 +286,8 @@ def test_real_text_is_clean(verses) -> None:
 
 def test_real_shifted_chapters(verses) -> None:
     src, tgt = verses
-    shared = set(bible.PROTESTANT_CANON)
-    shifted = bible.detect_shifted_chapters(
+    shared = set(bible_alignment.PROTESTANT_CANON)
+    shifted = bible_alignment.detect_shifted_chapters(
         {k: v for k, v in src.items() if k[0] in shared},
         {k: v for k, v in tgt.items() if k[0] in shared},
     )
@@ -362,8 +363,8 @@ def _rows(path: str) -> list[list[str]]:
 
 def test_prepare_tsv_layout(prepared) -> None:
     out, stats, _ = prepared
-    canon = {b: i for i, b in enumerate(bible.PROTESTANT_CANON)}
-    for split in bible.SPLITS:
+    canon = {b: i for i, b in enumerate(bible_alignment.PROTESTANT_CANON)}
+    for split in bible_alignment.SPLITS:
         rows = _rows(os.path.join(out, f"{split}.tsv"))
         assert all(len(r) == 3 and r[1] and r[2] for r in rows)
         doc_ids = [r[0] for r in rows]
@@ -371,7 +372,7 @@ def test_prepare_tsv_layout(prepared) -> None:
         assert len(runs) == len(set(runs)) == stats["splits"][split]["documents"]  # contiguous
         order = [(canon[d.split(".")[0]], int(d.split(".")[1])) for d in runs]
         assert order == sorted(order)  # canonical order
-        assert {bible.split_of_book(d.split(".")[0]) for d in runs} == {split}
+        assert {bible_alignment.split_of_book(d.split(".")[0]) for d in runs} == {split}
         assert len(rows) == stats["splits"][split]["segments"]
     train_ids = {r[0] for r in _rows(os.path.join(out, "train.tsv"))}
     assert "Gen.1" in train_ids and "Jonah.2" not in train_ids and "Jonah.1" in train_ids
