@@ -10,21 +10,23 @@ from pathlib import Path
 
 import pytest
 
+from docnmt_jax.data.context_labels import (
+    ContextLabel,
+    chance_level,
+    context_accuracy,
+    context_blind_hypotheses,
+    read_labels,
+)
 from docnmt_jax.data.documents import CorpusFormatError, write_tsv
 from docnmt_jax.data.synthetic import (
     SRC_CONSONANTS,
     SRC_VOWELS,
     TGT_CONSONANTS,
     TGT_VOWELS,
-    ContextLabel,
     Lexicon,
     SyntheticConfig,
     build_lexicon,
-    chance_level,
-    context_accuracy,
-    context_blind_hypotheses,
     generate,
-    read_labels,
     write_corpus,
 )
 
