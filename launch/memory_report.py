@@ -35,10 +35,10 @@ def step_memory(config, mesh: tuple[int, int, int], rows: int, sentences: int, l
     import jax
 
     from docnmt_jax import parallel
+    from docnmt_jax.data.schema import dummy_batch
     from docnmt_jax.models import build_task
     from docnmt_jax.training import optim, trainer
     from docnmt_jax.training import state as train_state
-    from docnmt_jax.training.restore import dummy_batch
 
     layout = parallel.Layout(parallel.make_mesh(dict(zip(parallel.MESH_AXES, mesh, strict=True))))
     task = build_task(config.model, config.data.vocab_size)

@@ -18,8 +18,8 @@ from conftest import ROOT
 
 from docnmt_jax import benchmarking, flops
 from docnmt_jax.benchmarking import pipeline, report
+from docnmt_jax.data.schema import dummy_batch
 from docnmt_jax.models import build_task
-from docnmt_jax.training.restore import dummy_batch
 
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 QUICK_SHAPE = flops.BatchShape(chunks=2, sentences=3, src_len=6, tgt_len=6)  # --quick batch

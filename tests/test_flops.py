@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import pytest
 
 from docnmt_jax import flops
+from docnmt_jax.data.schema import dummy_batch
 from docnmt_jax.models import build_task
 from docnmt_jax.models.final import TABLE3_SWITCHES
-from docnmt_jax.training.restore import dummy_batch
 
 TINY = dict(d_model=8, ffn_dim=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1)
 SMALL = dict(d_model=64, ffn_dim=256, num_heads=4, num_encoder_layers=2, num_decoder_layers=2)

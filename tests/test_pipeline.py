@@ -12,7 +12,6 @@ import pytest
 
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.pipeline import (
-    BATCH_FEATURES,
     PipelineConfig,
     make_dataset,
     measure_throughput,
@@ -20,6 +19,7 @@ from docnmt_jax.data.pipeline import (
     plan_batches,
     tokenize_corpus,
 )
+from docnmt_jax.data.schema import BATCH_FEATURES
 from docnmt_jax.data.tokenizer import EOS_ID
 
 # Small geometry so that every bucket, the promotion chain and padding all occur.

@@ -25,10 +25,10 @@ from sharding_worker import restore_params
 from docnmt_jax import parallel
 from docnmt_jax.data import readers
 from docnmt_jax.data.pipeline import PipelineConfig
+from docnmt_jax.data.schema import dummy_batch
 from docnmt_jax.data.tokenizer import get_or_train_tokenizer
 from docnmt_jax.models import build_task
 from docnmt_jax.training import trainer
-from docnmt_jax.training.restore import dummy_batch
 
 WORKER = os.path.join(ROOT, "tests", "sharding_worker.py")
 CONFIGS = {"transformer": tiny_config, "final": tiny_final_config}

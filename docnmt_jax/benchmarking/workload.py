@@ -57,7 +57,7 @@ def build(name: str, args: argparse.Namespace, sentences: int) -> Any:
 
 def make_batch(args: argparse.Namespace, chunks: int, sentences: int, length: int) -> Results:
     """The shared synthetic batch: ``[chunks, sentences, length]``, seeded, no padding."""
-    from docnmt_jax.training.restore import dummy_batch
+    from docnmt_jax.data.schema import dummy_batch
 
     return dummy_batch(sentences, length, rows=chunks, vocab_size=args.vocab)
 

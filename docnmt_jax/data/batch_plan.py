@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 
+from docnmt_jax.data import schema
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.tokenized import (
     Encode,
@@ -20,24 +20,9 @@ from docnmt_jax.data.tokenized import (
     tokenize_corpus,
 )
 
-Batch = dict[str, np.ndarray]
+Batch = schema.Batch
 
-BATCH_FEATURES = (
-    "src",
-    "tgt",
-    "src_mask",
-    "tgt_mask",
-    "src_positions",
-    "tgt_positions",
-    "src_segment_ids",
-    "tgt_segment_ids",
-    "sentence_mask",
-    "doc_index",
-    "chunk_index",
-    "sentence_offset",
-)
-# [B] features, taken from columns 2.. of the chunk rows table (see BatchPlan.gather_tables).
-_ROW_FEATURES = ("doc_index", "chunk_index", "sentence_offset")
+# Columns of the chunk rows table (BatchPlan.gather_tables); 2.. are schema.ROW_FEATURES.
 _ROW_COLUMNS = ("count", "start", "doc", "index", "offset")
 
 
@@ -78,21 +63,6 @@ class EpochPlan:
         """Batches ``start`` and later."""
         first = int(self.sizes[:start].sum())
         return EpochPlan(self.ids[first:], self.sizes[start:], self.s[start:], self.t[start:])
-
-
-def _assemble(
-    tokens: Any, m: Any, positions: Any, segments: Any, rows: Any, sent_mask: Any
-) -> dict[str, Any]:
-    """The batch features from side-stacked ``[2, B, S, T]`` arrays (NumPy or TF alike)."""
-    out = {"sentence_mask": sent_mask}
-    for i, side in enumerate(("src", "tgt")):
-        out[side] = tokens[i]
-        out[f"{side}_mask"] = m[i]
-        out[f"{side}_positions"] = positions[i]
-        out[f"{side}_segment_ids"] = segments[i]
-    for j, name in enumerate(_ROW_FEATURES, start=2):
-        out[name] = rows[:, j]
-    return {k: out[k] for k in BATCH_FEATURES}
 
 
 class BatchPlan:
@@ -278,11 +248,10 @@ class BatchPlan:
         mask = pos < length[..., None]  # [2, B, S, T]
         idx = np.where(mask, tab["offsets"][:, sid][..., None] + pos, 0)
         tokens = np.where(mask, tab["tokens"][idx], 0).astype(np.int32)
-        m = mask.astype(np.int32)
-        positions = m * pos.astype(np.int32)
-        segments = m * (srange + 1).astype(np.int32)[None, None, :, None]
-        return _assemble(
-            tokens, m, positions, segments, rows.astype(np.int32), sent_mask.astype(np.int32)
+        rows = rows.astype(np.int32)
+        features = dict(zip(schema.ROW_FEATURES, rows[:, 2:].T, strict=True))
+        return schema.batch_from_grids(
+            tokens[0], tokens[1], src_lengths=length[0], tgt_lengths=length[1], **features
         )
 
 

@@ -21,14 +21,10 @@ Stages (each usable on its own; this module re-exports the entry points of the f
    ``Dataset.range`` + ``numpy_function`` (about 1.5x). :func:`numpy_batches` is an equivalent
    pure-NumPy iterator without TF (cheapest in CPU time, but it runs in the caller's thread).
 
-Batch features (int32; ``B`` = rows on this host, ``S`` sentences, ``T`` tokens):
-``src``/``tgt`` [B,S,T] ids, every sentence ends with EOS, PAD=0 after;
-``src_mask``/``tgt_mask`` [B,S,T] 1 on real tokens; ``src_positions``/``tgt_positions``
-[B,S,T] position inside its own sentence (0 on padding); ``src_segment_ids``/
-``tgt_segment_ids`` [B,S,T] 1-based sentence number within the chunk (0 on padding);
-``sentence_mask`` [B,S]; ``doc_index`` [B] index into the input document list;
-``chunk_index`` [B] chunk number within its document; ``sentence_offset`` [B] index in its
-document of the chunk's first sentence. The three [B] features are -1 on padding rows.
+Batch features (:mod:`docnmt_jax.data.schema`; int32, ``B`` = rows on this host): ``src``/
+``tgt`` and their masks, positions and segment ids [B,S,T], ``sentence_mask`` [B,S],
+``doc_index``/``chunk_index``/``sentence_offset`` [B], the last three -1 on padding rows.
+Every sentence ends with EOS, PAD=0 after.
 
 Batch sizes: ``B = max(1, min(batch_src_tokens, batch_tgt_tokens) // (S*T))`` rounded down to
 a multiple of ``lcm(process_count, batch_multiple)`` (at least that), so ``B*S*T`` never exceeds
@@ -65,13 +61,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from docnmt_jax.data import schema
 from docnmt_jax.data.batch_plan import (
-    BATCH_FEATURES,
     Batch,
     BatchPlan,
     EpochPlan,
     PipelineInput,
-    _assemble,
     plan_batches,
 )
 from docnmt_jax.data.tokenized import (
@@ -86,7 +81,6 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 __all__ = [
-    "BATCH_FEATURES",
     "Batch",
     "BatchPlan",
     "Encode",
@@ -148,7 +142,12 @@ def _tf_materializer(plan: BatchPlan) -> Callable[..., dict[str, tf.Tensor]]:
         positions = m * tf.cast(pos, tf.int32)
         segments = m * tf.cast(srange + 1, tf.int32)[None, None, :, None]
         rows = tf.cast(rows, tf.int32)
-        return _assemble(tokens, m, positions, segments, rows, tf.cast(sent_mask, tf.int32))
+        out = {"sentence_mask": tf.cast(sent_mask, tf.int32)}
+        for i, side in enumerate(schema.SIDES):
+            values = (tokens[i], m[i], positions[i], segments[i])
+            out.update(zip(schema.side_features(side), values, strict=True))
+        out.update((name, rows[:, j]) for j, name in enumerate(schema.ROW_FEATURES, start=2))
+        return {k: out[k] for k in schema.BATCH_FEATURES}
 
     return materialize
 

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from docnmt_jax.data.documents import Document
+from docnmt_jax.data.schema import batch_from_grids
 from docnmt_jax.data.synthetic import ContextLabel
 from docnmt_jax.data.tokenizer import Tokenizer
 
@@ -88,18 +89,7 @@ def grid_batch(
                 if len(ids) > length:
                     raise ValueError(f"sentence of {len(ids)} tokens > grid length {length}")
                 tokens[side][r, k, : len(ids)] = ids
-    batch: dict[str, np.ndarray] = {}
-    for side in ("src", "tgt"):
-        mask = (tokens[side] > 0).astype(np.int32)
-        batch[side] = tokens[side]
-        batch[f"{side}_mask"] = mask
-        batch[f"{side}_positions"] = mask * np.arange(length, dtype=np.int32)
-        batch[f"{side}_segment_ids"] = mask * np.arange(1, sentences + 1, dtype=np.int32)[:, None]
-    batch["sentence_mask"] = np.any(batch["src_mask"] > 0, axis=-1).astype(np.int32)
-    batch["doc_index"] = np.arange(rows, dtype=np.int32)
-    batch["chunk_index"] = np.zeros(rows, np.int32)
-    batch["sentence_offset"] = np.zeros(rows, np.int32)
-    return batch
+    return batch_from_grids(tokens["src"], tokens["tgt"])
 
 
 def make_sentence_scorer(task: Any) -> Callable[[Any, dict[str, np.ndarray]], jax.Array]:

@@ -21,6 +21,7 @@ import ml_collections
 import numpy as np
 
 from docnmt_jax import parallel
+from docnmt_jax.data.schema import dummy_batch
 from docnmt_jax.data.tokenizer import Tokenizer, load_tokenizer
 from docnmt_jax.decoding.translator import SearchConfig, Translator
 from docnmt_jax.models import build_task
@@ -65,35 +66,6 @@ def checkpoint_step_dir(workdir: str, which: str) -> tuple[str, int]:
         f"{workdir}: no checkpoint at step {which}; available: {steps('checkpoints')} "
         f"(latest), {steps('best')} (best)"
     )
-
-
-def dummy_batch(
-    sentences: int = 1, length: int = 4, rows: int = 1, vocab_size: int | None = None
-) -> dict[str, np.ndarray]:
-    """A batch without padding holding every pipeline feature: token ids 4 everywhere, or
-    random ids below ``vocab_size`` (seeded). For parameter structures and benchmarks."""
-    shape = (rows, sentences, length)
-    ones = np.ones(shape, np.int32)
-    segments = np.broadcast_to(np.arange(1, sentences + 1, dtype=np.int32)[:, None], shape).copy()
-    if vocab_size is None:
-        src = tgt = ones * 4
-    else:
-        rng = np.random.default_rng(0)
-        src, tgt = (rng.integers(4, vocab_size, shape).astype(np.int32) for _ in range(2))
-    return {
-        "src": src,
-        "tgt": tgt,
-        "src_mask": ones,
-        "tgt_mask": ones,
-        "src_positions": np.broadcast_to(np.arange(length, dtype=np.int32), shape).copy(),
-        "tgt_positions": np.broadcast_to(np.arange(length, dtype=np.int32), shape).copy(),
-        "src_segment_ids": segments,
-        "tgt_segment_ids": segments,
-        "sentence_mask": np.ones(shape[:2], np.int32),
-        "doc_index": np.arange(rows, dtype=np.int32),
-        "chunk_index": np.zeros(rows, np.int32),
-        "sentence_offset": np.zeros(rows, np.int32),
-    }
 
 
 def load_params(task: Any, workdir: str, which: str) -> tuple[Any, int]:

@@ -16,8 +16,8 @@ import numpy as np
 import optax
 
 from docnmt_jax import parallel
+from docnmt_jax.data.schema import dummy_batch
 from docnmt_jax.parallel import Layout
-from docnmt_jax.training.restore import dummy_batch
 
 PyTree = Any
 
