@@ -18,6 +18,5 @@ def get_config() -> ml_collections.ConfigDict:
     # Longest packed sequence accepted: >= max_sentences * max_src_len source slots and
     # >= max_sentences * (1.5 * max_src_len + 10) decoded tokens (the default search budget).
     config.model.max_len = 4096
-    config.data.sentence_level = False  # whole document chunks
     config.data.max_sentences = 20  # sentences per chunk: one packed sequence of <= 20*128
     return config

@@ -21,5 +21,4 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.doc2sent = False  # lower encoder layers see each sentence alone
     config.model.max_relative_distance = 20  # clip of the sentence distance k - kappa
     config.model.max_segments = 20  # segment-embedding table size (>= data.max_sentences)
-    config.data.sentence_level = False  # whole document chunks
     return config

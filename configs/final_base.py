@@ -10,8 +10,6 @@ import ml_collections
 
 from docnmt_jax.config_files import sibling_config
 
-TABLE3_ROW = "final"  # key of docnmt_jax.models.final.TABLE3_SWITCHES
-
 
 def get_config() -> ml_collections.ConfigDict:
     config = sibling_config(__file__, "final.py")

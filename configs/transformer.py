@@ -33,8 +33,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.format = "auto"  # reader format: auto | tsv | text | maruf
     config.data.tokenizer = ""  # existing sentencepiece model; empty: train WORKDIR/spm.model
     config.data.vocab_size = 8000  # joint sentencepiece vocabulary (trained on train only)
-    config.data.sentence_level = True  # each sentence its own document (sentence models)
-    config.data.max_sentences = 20  # sentences per document chunk (document models)
+    config.data.max_sentences = 20  # sentences per chunk (document models; sentence models: 1)
     config.data.max_src_len = 128  # tokens per source sentence incl. EOS (longer: truncated)
     config.data.max_tgt_len = 128  # tokens per target sentence incl. EOS
     config.data.batch_src_tokens = 2048  # padded source tokens per training batch
@@ -60,6 +59,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.best_metric = "dev_bleu"  # dev metric that picks the best checkpoint
     config.train.best_mode = "max"  # max for BLEU, min for dev_loss
     config.train.time_budget_minutes = 0.0  # stop (and save) after this long; 0 = no limit
+    config.train.freeze = ()  # regexes over parameter paths: matching parameters are not trained
+
+    # Objective (docnmt_jax/objectives/): the learning algorithm wrapping the model's loss.
+    config.objective = ml_collections.ConfigDict()
+    config.objective.name = "maximum_likelihood"  # registered objective
 
     # Device mesh (docnmt_jax/parallel.py): data x fsdp x model = all devices; -1 = the rest.
     config.mesh = ml_collections.ConfigDict()

@@ -1,27 +1,37 @@
 """Loading ml_collections config files by path, so one config can derive from another.
 
-``configs/final.py`` builds on ``configs/transformer.py`` and each Table 3 row builds on
-``configs/final.py``; config files are loaded by path (absl's ``config_flags``), not imported as
-a package, hence this helper.
+``configs/final.py`` builds on ``configs/transformer.py`` and ``configs/final_table3.py`` on
+``configs/final.py``; config files are loaded by path (absl's ``config_flags``), not imported
+as a package, hence this helper. ``PATH:ARG`` calls ``get_config(ARG)``, as ``--config`` does
+(``configs/final_table3.py:doc2sent``).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+from types import ModuleType
 
 import ml_collections
 
 
-def load_config(path: str) -> ml_collections.ConfigDict:
-    """``get_config()`` of the config file at ``path``."""
+def load_config_module(path: str) -> ModuleType:
+    """The config file at ``path`` as a module (for its tables, e.g. ``TABLE3_SWITCHES``)."""
     name = "config_" + os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise FileNotFoundError(f"{path}: not a config file")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.get_config()
+    return module
+
+
+def load_config(path: str) -> ml_collections.ConfigDict:
+    """``get_config()`` of the config file at ``path``, or ``get_config(ARG)`` for
+    ``PATH:ARG``."""
+    path, sep, arg = path.partition(":") if path.endswith(".py") is False else (path, "", "")
+    module = load_config_module(path)
+    return module.get_config(arg) if sep else module.get_config()
 
 
 def sibling_config(config_file: str, name: str) -> ml_collections.ConfigDict:

@@ -49,7 +49,7 @@ FINAL (Zheng et al. 2020) adds or replaces::
                    cross, ffn   as the sentence decoder
   output softmax   2·Tt·D·V per sentence row
 
-Doc2Doc (``models/concat.py``, when present): the sentence Transformer on ``B`` rows of
+Doc2Doc (``models/concat.py``): the sentence Transformer on ``B`` rows of
 ``S·Ts`` source and ``S·Tt`` target tokens (each chunk packed into one sequence), so its
 attention terms grow with ``(S·T)²``.
 """
@@ -58,13 +58,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from typing import Any
 
 from jax.extend.core import ClosedJaxpr, Jaxpr, jaxprs_in_params
-
-from docnmt_jax.models.final import FinalConfig
-from docnmt_jax.models.transformer import TransformerConfig
 
 TRAIN_FACTOR = 3  # forward + backward (input and weight gradients)
 
@@ -124,7 +120,7 @@ def xl_decoder_layer(rows: int, Tt: int, Tm: int, Ts: int, D: int, F: int) -> Te
     return terms | cross_attention(rows, Tt, Ts, D, F)
 
 
-def global_layer(chunks: int, S: int, Ts: int, config: FinalConfig) -> Terms:
+def global_layer(chunks: int, S: int, Ts: int, config: Any) -> Terms:
     """FINAL's global context layer over chunks of ``L = S·Ts`` tokens."""
     D, F, H = config.d_model, config.ffn_dim, config.num_heads
     L, R2 = S * Ts, 2 * min(config.max_relative_distance, S - 1) + 1
@@ -145,7 +141,7 @@ def _add(total: Terms, prefix: str, terms: Terms, times: int = 1) -> None:
         total[key] = total.get(key, 0) + times * flops
 
 
-def transformer_terms(config: TransformerConfig, shape: BatchShape) -> Terms:
+def transformer_terms(config: Any, shape: BatchShape) -> Terms:
     """Forward FLOPs of the sentence Transformer on the ``N`` sentences of ``shape``."""
     D, F, N = config.d_model, config.ffn_dim, shape.rows
     Ts, Tt = shape.src_len, shape.tgt_len
@@ -156,7 +152,7 @@ def transformer_terms(config: TransformerConfig, shape: BatchShape) -> Terms:
     return total
 
 
-def final_terms(config: FinalConfig, shape: BatchShape) -> Terms:
+def final_terms(config: Any, shape: BatchShape) -> Terms:
     """Forward FLOPs of FINAL (any Table 3 switch setting) on ``shape``'s chunks."""
     D, F, N = config.d_model, config.ffn_dim, shape.rows
     B, S, Ts, Tt = shape.chunks, shape.sentences, shape.src_len, shape.tgt_len
@@ -175,44 +171,38 @@ def final_terms(config: FinalConfig, shape: BatchShape) -> Terms:
     return total
 
 
-def doc2doc_terms(config: TransformerConfig, shape: BatchShape) -> Terms:
+def doc2doc_terms(config: Any, shape: BatchShape) -> Terms:
     """Doc2Doc: the sentence Transformer over each chunk packed into one row of ``S·T``."""
     B, S = shape.chunks, shape.sentences
     return transformer_terms(config, BatchShape(B, 1, S * shape.src_len, S * shape.tgt_len))
 
 
-COUNTERS: dict[type, Callable[[Any, BatchShape], Terms]] = {
-    TransformerConfig: transformer_terms,
-    FinalConfig: final_terms,
-}
-try:  # the Doc2Doc baseline (models/concat.py), when present
-    from docnmt_jax.models.concat import Doc2DocConfig
+def forward_terms(model: Any, shape: BatchShape) -> Terms:
+    """Forward FLOPs per named term (``encoder.attention``, ``global.gate``, ``output``, ...)
+    of ``model`` (a registered model: its counter was registered with it)."""
+    from docnmt_jax.models.base import registration
 
-    COUNTERS[Doc2DocConfig] = doc2doc_terms
-except ImportError:  # pragma: no cover
-    pass
-
-
-def supported(config: Any) -> bool:
-    """Whether the model of ``config`` (its exact config class) has an analytic count."""
-    return type(config) in COUNTERS
+    counter = registration(model.name).flops
+    if counter is None:
+        raise NotImplementedError(f"model {model.name!r} registered no FLOP counter")
+    return counter(model.config, shape)
 
 
-def forward_terms(config: Any, shape: BatchShape) -> Terms:
-    """Forward FLOPs per named term (``encoder.attention``, ``global.gate``, ``output``, ...)."""
-    if not supported(config):
-        raise NotImplementedError(f"no analytic FLOP count for {type(config).__name__}")
-    return COUNTERS[type(config)](config, shape)
+def supported(model: Any) -> bool:
+    """Whether ``model`` registered an analytic FLOP count."""
+    from docnmt_jax.models.base import registration
+
+    return registration(model.name).flops is not None
 
 
-def forward_flops(config: Any, shape: BatchShape) -> int:
+def forward_flops(model: Any, shape: BatchShape) -> int:
     """Forward FLOPs of one batch of ``shape``."""
-    return sum(forward_terms(config, shape).values())
+    return sum(forward_terms(model, shape).values())
 
 
-def train_flops(config: Any, shape: BatchShape) -> int:
+def train_flops(model: Any, shape: BatchShape) -> int:
     """FLOPs of one training step (forward and backward) on a batch of ``shape``."""
-    return TRAIN_FACTOR * forward_flops(config, shape)
+    return TRAIN_FACTOR * forward_flops(model, shape)
 
 
 def jaxpr_dot_flops(jaxpr: Jaxpr | ClosedJaxpr) -> int:

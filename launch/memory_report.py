@@ -36,24 +36,23 @@ def step_memory(config, mesh: tuple[int, int, int], rows: int, sentences: int, l
 
     from docnmt_jax import parallel
     from docnmt_jax.data.schema import dummy_batch
-    from docnmt_jax.models import build_task
-    from docnmt_jax.training import optim, trainer
+    from docnmt_jax.models import build_model
+    from docnmt_jax.objectives import build_objective
     from docnmt_jax.training import state as train_state
+    from docnmt_jax.training import trainer
 
     layout = parallel.Layout(parallel.make_mesh(dict(zip(parallel.MESH_AXES, mesh, strict=True))))
-    task = build_task(config.model, config.data.vocab_size)
-    tcfg = config.train
-    tx, schedule = optim.make_optimizer(
-        config.model.d_model, tcfg.warmup_steps, clip_norm=tcfg.clip_norm or None
+    model = build_model(config.model, config.data.vocab_size, config.train.label_smoothing)
+    objective = build_objective(config.get("objective", {}), model)
+    shardings, state, tx, schedule = train_state.build_optimizer_state(
+        model, config, layout, note=lambda _: None
     )
-    shardings = train_state.state_shardings(task, tx, layout)
-    state = train_state.abstract_state(task, tx, shardings)
     batch = {
         k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=layout.batch)
         for k, v in dummy_batch(sentences, length, rows).items()
     }
     train_step, _ = trainer.make_steps(
-        task, tx, schedule, tcfg.label_smoothing, tcfg.seed, layout, shardings
+        objective, tx, schedule, config.train.seed, layout, shardings
     )
     return train_step.lower(state, batch).compile().memory_analysis()
 

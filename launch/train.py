@@ -17,11 +17,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from docnmt_jax import parallel
+from docnmt_jax.models import ModelError
 from docnmt_jax.training.trainer import train_and_evaluate
 
 _DEFAULT_CONFIG = os.path.join(
@@ -102,7 +104,11 @@ def main(argv: list[str]) -> None:
         return
     parallel.init_distributed(**distributed)
     logging.set_verbosity(logging.WARNING)  # progress goes to the bar and WORKDIR/train.log
-    result = train_and_evaluate(_CONFIG.value, workdir)
+    try:
+        result = train_and_evaluate(_CONFIG.value, workdir)
+    except ModelError as e:  # a mistake in the model/objective config: one line, no traceback
+        print(f"train.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
     dev = " ".join(f"{k}={v:.4f}" for k, v in sorted(result.dev_metrics.items()))
     print(f"step {result.step} ({result.stopped_by}): {dev}")
 

@@ -13,12 +13,14 @@ its size; sentences/s, tokens/s and the number of compilations are printed at th
 from __future__ import annotations
 
 import os
+import sys
 
 from absl import app, flags, logging
 from tqdm.auto import tqdm
 
 from docnmt_jax.data.readers import iter_source_documents
-from docnmt_jax.decoding.translator import SearchConfig
+from docnmt_jax.decoding.search import SearchConfig
+from docnmt_jax.models import ModelError
 from docnmt_jax.training.restore import load_translator
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory (config.json, spm.model).")
@@ -66,13 +68,17 @@ def main(argv: list[str]) -> None:
         len_b=_LEN_B.value,
         max_len=_MAX_LEN.value,
     )
-    translator, step = load_translator(
-        _WORKDIR.value,
-        _CHECKPOINT.value,
-        search,
-        batch_tokens=_BATCH_TOKENS.value,
-        mesh=parse_mesh(_MESH.value),
-    )
+    try:
+        translator, step = load_translator(
+            _WORKDIR.value,
+            _CHECKPOINT.value,
+            search,
+            batch_tokens=_BATCH_TOKENS.value,
+            mesh=parse_mesh(_MESH.value),
+        )
+    except ModelError as e:  # the run's model cannot be built: one line, no traceback
+        print(f"translate.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
     print(f"translating {_INPUT.value} with {_WORKDIR.value} step {step}, beam {search.beam_size}")
     documents = ((doc_id, sents) for doc_id, sents, _ in iter_source_documents(_INPUT.value))
     os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)

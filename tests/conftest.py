@@ -4,7 +4,12 @@ import os
 
 import pytest
 
+from docnmt_jax.config_files import load_config_module
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Zheng et al. 2020, Table 3: the rows' switch settings (the config layer holds them).
+TABLE3_CONFIG = os.path.join(ROOT, "configs", "final_table3.py")
+TABLE3_SWITCHES = load_config_module(TABLE3_CONFIG).TABLE3_SWITCHES
 
 
 @pytest.fixture(scope="session")
@@ -55,6 +60,5 @@ def tiny_final_config(data_dir: str, **train_overrides):
         if key not in config.model:
             config.model[key] = value
     config.model.name = "final"
-    config.data.sentence_level = False
     config.data.max_sentences = 4
     return config

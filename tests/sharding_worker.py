@@ -3,10 +3,11 @@
 The CPU device count (``XLA_FLAGS``) and ``jax.distributed`` must be set before JAX starts, so
 the tests run this script: ``python tests/sharding_worker.py SPEC.json OUT.json``. ``SPEC``:
 ``devices`` (simulated CPU devices of this process), optional ``distributed`` (keyword
-arguments of ``jax.distributed.initialize``), ``runs`` (``{"config": dict, "workdir": str}``,
+arguments of ``parallel.init_distributed``), ``runs`` (``{"config": dict, "workdir": str}``,
 trained in order with ``record_losses``) and ``restores`` (``{"workdir", "config", "npz"}``:
 the latest checkpoint of ``workdir`` restored onto ``config``'s mesh, parameters saved to
-``npz``). ``OUT``: per run its losses and dev metrics (written by process 0).
+``npz``). ``OUT``: per run its losses and dev metrics (written by process 0). A distributed
+worker ends with ``parallel.shutdown_distributed`` (all processes leave together).
 """
 
 import json
@@ -25,8 +26,8 @@ from flax import traverse_util  # noqa: E402
 
 from docnmt_jax import parallel  # noqa: E402
 from docnmt_jax.data.tokenizer import load_tokenizer  # noqa: E402
-from docnmt_jax.models import build_task  # noqa: E402
-from docnmt_jax.training import checkpoints, optim, trainer  # noqa: E402
+from docnmt_jax.models import build_model  # noqa: E402
+from docnmt_jax.training import checkpoints, trainer  # noqa: E402
 from docnmt_jax.training import state as train_state  # noqa: E402
 
 
@@ -34,11 +35,12 @@ def restore_params(workdir: str, config: ml_collections.ConfigDict) -> dict[str,
     """Parameters of the latest checkpoint of ``workdir`` restored onto ``config``'s mesh."""
     layout = parallel.Layout(parallel.make_mesh(config.mesh))
     vocab = load_tokenizer(config.data.tokenizer or os.path.join(workdir, "spm.model")).vocab_size
-    task = build_task(config.model, vocab)
-    tx, _ = optim.make_optimizer(config.model.d_model, config.train.warmup_steps)
-    shardings = train_state.state_shardings(task, tx, layout)
+    model = build_model(config.model, vocab)
+    shardings, abstract, _, _ = train_state.build_optimizer_state(
+        model, config, layout, note=lambda _: None
+    )
     ckpt = checkpoints.Checkpointer(workdir)
-    state, _ = ckpt.restore("latest", train_state.abstract_state(task, tx, shardings))
+    state, _ = ckpt.restore("latest", abstract)
     ckpt.close()
     for leaf, sharding in zip(
         jax.tree_util.tree_leaves(state["params"]),
@@ -52,7 +54,7 @@ def restore_params(workdir: str, config: ml_collections.ConfigDict) -> dict[str,
 
 def main() -> None:
     if "distributed" in SPEC:
-        jax.distributed.initialize(**SPEC["distributed"])
+        parallel.init_distributed(**SPEC["distributed"])
     results = []
     for run in SPEC.get("runs", []):
         config = ml_collections.ConfigDict(run["config"])
@@ -64,6 +66,10 @@ def main() -> None:
     if jax.process_index() == 0:
         with open(sys.argv[2], "w", encoding="utf-8") as f:
             json.dump(results, f)
+    # Every process waits here until all are done, then all leave jax.distributed at once:
+    # left to JAX's exit handler, a process still busy (or descheduled on a loaded machine)
+    # more than the shutdown timeout after the other finished made both abort.
+    parallel.shutdown_distributed()
 
 
 if __name__ == "__main__":

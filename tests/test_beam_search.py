@@ -10,6 +10,7 @@ import pytest
 
 from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from docnmt_jax.decoding import beam_search as bs  # the module
+from docnmt_jax.decoding.search import source_length_limits
 from docnmt_jax.models.transformer import Transformer, TransformerConfig
 
 # --------------------------------------------------------------------------------------------
@@ -270,7 +271,7 @@ GREEDY_SRC = sources([7, 5, 2, 6, 3], 7, seed=3)
 
 def test_greedy_tokens_are_teacher_forced_argmax(params):
     src, src_mask = GREEDY_SRC
-    limits = bs.source_length_limits(src_mask, 1.0, 3, MAX_LEN)
+    limits = source_length_limits(src_mask, 1.0, 3, MAX_LEN)
     result = translate(params, src, src_mask, limits, 0.0, beam_size=1)
     check_well_formed(result, np.asarray(limits))
     seqs, lengths = np.asarray(result.sequences[:, 0]), np.asarray(result.lengths[:, 0])
@@ -306,7 +307,7 @@ def python_greedy(params, src, src_mask, limits):
 
 def test_beam_one_is_greedy(params):
     src, src_mask = GREEDY_SRC
-    limits = np.asarray(bs.source_length_limits(src_mask, 1.0, 3, MAX_LEN))
+    limits = np.asarray(source_length_limits(src_mask, 1.0, 3, MAX_LEN))
     result = translate(params, src, src_mask, limits, 0.0, beam_size=1)
     step = functools.partial(biased_step, params)
     cache, extra = encode_and_cache(params, src, src_mask)
@@ -335,7 +336,7 @@ def batch_with_neighbours():
 def test_batch_independence_and_padding(params):
     (src, src_mask), (batch, batch_mask), where = batch_with_neighbours()
     limits, batch_limits = (
-        bs.source_length_limits(m, 1.0, 4, MAX_LEN) for m in (src_mask, batch_mask)
+        source_length_limits(m, 1.0, 4, MAX_LEN) for m in (src_mask, batch_mask)
     )
     batched = translate(params, batch, batch_mask, batch_limits, 0.6, beam_size=4)
     check_well_formed(batched, np.asarray(batch_limits))  # includes: no NaN, padding row too
@@ -352,7 +353,7 @@ def test_batch_independence_and_padding(params):
 
 def test_transformer_early_stop_is_exact(params):
     _, (batch, batch_mask), _ = batch_with_neighbours()
-    limits = bs.source_length_limits(batch_mask, 1.0, 4, MAX_LEN)
+    limits = source_length_limits(batch_mask, 1.0, 4, MAX_LEN)
     steps = []
     for alpha in (0.0, 0.6, 1.0):
         early = translate(params, batch, batch_mask, limits, alpha, beam_size=4)

@@ -19,7 +19,7 @@ from conftest import ROOT
 from docnmt_jax import benchmarking, flops
 from docnmt_jax.benchmarking import pipeline, report
 from docnmt_jax.data.schema import dummy_batch
-from docnmt_jax.models import build_task
+from docnmt_jax.models import build_model
 
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 QUICK_SHAPE = flops.BatchShape(chunks=2, sentences=3, src_len=6, tgt_len=6)  # --quick batch
@@ -48,7 +48,7 @@ def _positive(*values):
 
 
 def _quick_train_flops(name):
-    return flops.train_flops(build_task(dict(QUICK_SIZE, name=name), 64).config, QUICK_SHAPE)
+    return flops.train_flops(build_model(dict(QUICK_SIZE, name=name), 64), QUICK_SHAPE)
 
 
 def _check_train(result, models):

@@ -1,57 +1,65 @@
-"""Every config file loads, builds its model, and the Table 3 rows carry their switches."""
+"""Every config file loads and builds its model; every Table 3 row of
+``configs/final_table3.py`` carries exactly its switches; the batch layout comes from the
+model, never from a config key."""
 
 import glob
-import importlib.util
 import os
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, TABLE3_CONFIG, TABLE3_SWITCHES
 
-from docnmt_jax.models import build_task
-from docnmt_jax.models.concat import Doc2DocTask
-from docnmt_jax.models.final import TABLE3_SWITCHES, FinalTask
-from docnmt_jax.models.transformer import SentenceTransformerTask
+from docnmt_jax.config_files import load_config
+from docnmt_jax.models import BatchLayout, build_model
+from docnmt_jax.models.concat import Doc2DocModel
+from docnmt_jax.models.final import FinalModel
+from docnmt_jax.models.transformer import TransformerModel
 
-CONFIG_FILES = sorted(
-    p for p in glob.glob(os.path.join(ROOT, "configs", "*.py")) if "__init__" not in p
-)
-# Config files without a TABLE3_ROW attribute: the row they are (None: not a FINAL model).
-ROWS_BY_NAME = {"final.py": "final", "transformer.py": None, "doc2doc.py": None}
-# Models other than FINAL: (task class, data.sentence_level) by config.model.name.
-OTHER_MODELS = {"transformer": (SentenceTransformerTask, True), "doc2doc": (Doc2DocTask, False)}
-
-
-def _load(path):
-    spec = importlib.util.spec_from_file_location("config_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_every_table3_row_has_a_config_file():
-    rows = {
-        getattr(_load(p), "TABLE3_ROW", ROWS_BY_NAME.get(os.path.basename(p))) for p in CONFIG_FILES
-    }
-    assert set(TABLE3_SWITCHES) <= rows
+CONFIG_FILES = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
+# What each config file builds: (model class, layout), for every file in configs/.
+EXPECTED = {
+    "transformer.py": (TransformerModel, BatchLayout.SENTENCES),
+    "doc2doc.py": (Doc2DocModel, BatchLayout.CHUNKS),
+    "final.py": (FinalModel, BatchLayout.SEQUENTIAL_CHUNKS),
+    "final_base.py": (FinalModel, BatchLayout.SEQUENTIAL_CHUNKS),
+    "final_table3.py": (FinalModel, BatchLayout.SEQUENTIAL_CHUNKS),
+}
+# Paper's table: which rows decode with the XL memory (slot by slot).
+XL_ROWS = {"sent2doc_xl", "final"}
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=os.path.basename)
-def test_config_loads_builds_and_has_its_row_switches(path):
-    module = _load(path)
-    config = module.get_config()
-    task = build_task(config.model, vocab_size=100)
-    row = getattr(module, "TABLE3_ROW", ROWS_BY_NAME.get(os.path.basename(path), "unknown"))
-    assert row != "unknown", f"{path}: set TABLE3_ROW or list it in ROWS_BY_NAME"
-    if row is None:
-        task_class, sentence_level = OTHER_MODELS[config.model.name]
-        assert isinstance(task, task_class)
-        assert config.data.sentence_level == sentence_level == task.sentence_level
-        return
-    assert isinstance(task, FinalTask)
-    assert not config.data.sentence_level
-    switches = {key: getattr(task.config, key) for key in TABLE3_SWITCHES[row]}
-    assert switches == TABLE3_SWITCHES[row]
-    if os.path.basename(path) == "final_base.py":
+def test_config_loads_and_builds_its_model(path):
+    name = os.path.basename(path)
+    assert name in EXPECTED, f"{name}: add it to EXPECTED"
+    config = load_config(path)
+    model = build_model(config.model, vocab_size=100)
+    model_class, layout = EXPECTED[name]
+    assert isinstance(model, model_class) and model.layout is layout
+    assert "sentence_level" not in config.data  # derived from the model's layout
+    if name == "final_base.py":
         m = config.model
         assert (m.d_model, m.ffn_dim, m.num_heads) == (512, 2048, 8)
         assert (m.num_encoder_layers, m.num_decoder_layers) == (6, 6)
+
+
+@pytest.mark.parametrize("row", sorted(TABLE3_SWITCHES))
+def test_table3_row_has_its_switches(row):
+    config = load_config(f"{TABLE3_CONFIG}:{row}")
+    model = build_model(config.model, vocab_size=100)
+    assert isinstance(model, FinalModel)
+    switches = {key: getattr(model.config, key) for key in TABLE3_SWITCHES[row]}
+    assert switches == TABLE3_SWITCHES[row]
+    expected = BatchLayout.SEQUENTIAL_CHUNKS if row in XL_ROWS else BatchLayout.CHUNKS
+    assert model.layout is expected
+    # Every row differs from every other row in at least one switch.
+    others = [s for r, s in TABLE3_SWITCHES.items() if r != row]
+    assert all(s != TABLE3_SWITCHES[row] for s in others)
+
+
+def test_table3_default_row_is_final_and_unknown_rows_are_named():
+    assert (
+        load_config(TABLE3_CONFIG).model.to_dict()
+        == load_config(os.path.join(ROOT, "configs", "final.py")).model.to_dict()
+    )
+    with pytest.raises(ValueError, match="unknown Table 3 row 'nope'"):
+        load_config(f"{TABLE3_CONFIG}:nope")

@@ -11,7 +11,7 @@ from docnmt_jax.data import synthetic
 from docnmt_jax.data.readers import read_tsv
 from docnmt_jax.data.tokenizer import train_tokenizer
 from docnmt_jax.evaluation import contrastive
-from docnmt_jax.models import build_task
+from docnmt_jax.models import build_model
 
 MODELS = {
     "transformer": dict(name="transformer"),
@@ -41,7 +41,7 @@ def _task(name: str, vocab_size: int):
         attention_dropout_rate=0.0,
         relu_dropout_rate=0.0,
     )
-    task = build_task(values, vocab_size)
+    task = build_model(values, vocab_size)
     batch = {k: np.ones((1, 2, 4), np.int32) for k in ("src", "tgt", "src_mask", "tgt_mask")}
     params = nn.meta.unbox(task.init(jax.random.PRNGKey(3), batch)["params"])
     return task, params
@@ -59,7 +59,7 @@ def _naive_score(task, params, tokenizer, src_sents, tgt_sents, k):
             grid[0, i, : len(row)] = row
         batch[side] = grid
         batch[f"{side}_mask"] = (grid > 0).astype(np.int32)
-    logits, _, _ = task.logits(params, batch, None, False)
+    logits, _, _ = task.forward(params, batch, None, False)
     logits = np.asarray(logits, np.float64).reshape(len(tgt), length, -1)[k]
     top = logits.max(-1, keepdims=True)
     logp = logits - (top + np.log(np.exp(logits - top).sum(-1, keepdims=True)))

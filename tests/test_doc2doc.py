@@ -14,12 +14,13 @@ from conftest import tiny_config
 from docnmt_jax.data import readers
 from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from docnmt_jax.decoding import beam_search as bs
-from docnmt_jax.decoding.translator import SearchConfig, Translator
-from docnmt_jax.models import build_task
+from docnmt_jax.decoding.search import SearchConfig
+from docnmt_jax.decoding.translator import Translator
+from docnmt_jax.models import BatchLayout, build_model
 from docnmt_jax.models.concat import (
     SEP_ID,
     Doc2DocConfig,
-    Doc2DocTask,
+    Doc2DocModel,
     chunk_output_limits,
     pack_target,
     pack_tokens,
@@ -160,7 +161,7 @@ def test_chunk_output_limits_sum_the_sentence_budgets():
 
 def test_logits_and_loss_equal_plain_transformer_on_hand_packed_chunks():
     batch = _batch(2)
-    task = Doc2DocTask(CFG)
+    task = Doc2DocModel(CFG)
     plain_cfg = TransformerConfig(
         vocab_size=V,
         d_model=16,
@@ -176,7 +177,7 @@ def test_logits_and_loss_equal_plain_transformer_on_hand_packed_chunks():
         params = nn.meta.unbox(task.init(rng, batch))["params"]
         out = {}
         for train in (False, True):
-            logits, targets, mask = task.logits(params, batch, rng, train)
+            logits, targets, mask = task.forward(params, batch, rng, train)
             plain = Transformer(dataclasses.replace(plain_cfg, deterministic=not train))
             rngs = {"dropout": rng} if train else {}
             expected = plain.apply({"params": params}, src, src_mask, tgt, tgt_mask, rngs=rngs)
@@ -199,12 +200,34 @@ def test_logits_and_loss_equal_plain_transformer_on_hand_packed_chunks():
 
 
 def test_config_guards_packed_length():
-    task = build_task({"name": "doc2doc", "d_model": 16, "num_heads": 2, "max_len": 19}, V)
-    assert isinstance(task, Doc2DocTask) and not task.sentence_level
+    task = build_model({"name": "doc2doc", "d_model": 16, "num_heads": 2, "max_len": 19}, V)
+    assert isinstance(task, Doc2DocModel) and task.layout is BatchLayout.CHUNKS
     with pytest.raises(ValueError, match="max_len=19"):
         jax.eval_shape(task.init, jax.random.PRNGKey(0), _batch())  # 4 * 5 = 20 slots
     with pytest.raises(ValueError, match="max_len"):
         Doc2DocConfig(max_len=0)
+
+
+def test_score_is_the_per_sentence_sum_of_the_packed_log_likelihood():
+    """``score [B, S]`` against a naive loop over the hand-packed target: each sentence owns
+    its tokens and the separator (or final EOS) after them."""
+    batch = _batch(3)
+    task = Doc2DocModel(CFG)
+    params = nn.meta.unbox(task.init(jax.random.PRNGKey(2), batch))["params"]
+    scores = np.asarray(jax.jit(task.score)(params, batch))
+    logits, _, _ = task.forward(params, batch, None, False)
+    logp = jax.nn.log_softmax(np.asarray(logits, np.float64), axis=-1)
+    tgt, tgt_mask = _naive_pack(batch["tgt"], batch["tgt_mask"], separator=SEP_ID)
+    B, S, _ = batch["tgt"].shape
+    expected = np.zeros((B, S))
+    for b in range(B):
+        position = 0
+        for k in range(S):
+            for _ in range(int(batch["tgt_mask"][b, k].sum())):
+                expected[b, k] += logp[b, position, tgt[b, position]]
+                position += 1
+        assert position == tgt_mask[b].sum()
+    np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,11 +299,11 @@ def test_beam_search_generates_bos_only_when_allowed():
     np.testing.assert_array_equal(greedy.sequences[:, 0], [[BOS_ID, BOS_ID, EOS_ID, PAD_ID]] * 2)
 
 
-def test_translate_batch_is_the_split_search_over_packed_chunks():
-    """``translate_batch`` = beam search of the plain Transformer on the hand-packed source
+def test_translate_is_the_split_search_over_packed_chunks():
+    """``translate`` = beam search of the plain Transformer on the hand-packed source
     (BOS allowed, the summed sentence budgets) followed by the naive splitter."""
     batch = _batch(4)
-    task = Doc2DocTask(CFG)
+    task = Doc2DocModel(CFG)
     search = SearchConfig(beam_size=2, alpha=0.6, len_a=1.0, len_b=1, max_len=6)
     src, src_mask = _naive_pack(batch["src"], batch["src_mask"])
     max_len, limits = chunk_output_limits(jnp.asarray(batch["src_mask"]), search, CFG.max_len)
@@ -290,7 +313,7 @@ def test_translate_batch_is_the_split_search_over_packed_chunks():
         params = nn.meta.unbox(task.init(rng, batch))["params"]
         # Sharper, less uniform output distributions (separators do occur).
         params = dict(params, embed={"embedding": params["embed"]["embedding"] * 6})
-        ids, aux = task.translate_batch(params, batch, search)
+        ids, aux = task.translate(params, batch, search)
         variables = {"params": params}
         encoded = model.apply(variables, src, src_mask, method=model.encode)
         cache = model.apply(variables, src.shape[0], max_len, method=model.init_cache)
@@ -332,7 +355,6 @@ def doc2doc_run(synthetic_dir, tmp_path_factory):
     config = tiny_config(synthetic_dir, num_steps=4)
     config.model.name = "doc2doc"
     config.model.max_len = 512
-    config.data.sentence_level = False
     config.data.max_sentences = 4
     result = trainer.train_and_evaluate(config, workdir)
     assert result.step == 4 and np.isfinite(result.dev_metrics["dev_loss"])
@@ -343,7 +365,7 @@ def test_train_then_translate_one_output_per_sentence(doc2doc_run, synthetic_dir
     docs = readers.read_tsv(os.path.join(synthetic_dir, "dev.tsv"))[:2]
     search = SearchConfig(beam_size=2, alpha=0.6, len_a=1.0, len_b=2)
     translator, step = restore.load_translator(doc2doc_run, "latest", search)
-    assert step == 4 and isinstance(translator.task, Doc2DocTask)
+    assert step == 4 and isinstance(translator.model, Doc2DocModel)
     hyps = translator.translate(docs)
     assert [len(h) for h in hyps] == [len(d.src) for d in docs]
     assert all(isinstance(s, str) for h in hyps for s in h)
@@ -354,19 +376,19 @@ def test_train_then_translate_one_output_per_sentence(doc2doc_run, synthetic_dir
     assert "sentence count differs from the source in" in stats.summary()
 
 
-class _FakeTask:
+class _FakeModel:
     """Translates every sentence to the empty string; reports ``doc_index % 2`` extra
-    sentences per chunk (with ``counts``) or returns a bare array (without)."""
+    sentences per chunk (with ``counts``) or no aux (without)."""
 
-    sentence_level = False
+    layout = BatchLayout.CHUNKS
 
     def __init__(self, counts: bool):
         self.counts = counts
 
-    def translate_batch(self, params, batch, search):
+    def translate(self, params, batch, search):
         ids = jnp.zeros(batch["src"].shape[:2] + (3,), jnp.int32).at[..., 0].set(EOS_ID)
         if not self.counts:
-            return ids
+            return ids, {}
         real = jnp.sum(batch["sentence_mask"], axis=-1)
         return ids, {"sentence_counts": real + batch["doc_index"] % 2}
 
@@ -377,7 +399,7 @@ def test_translator_counts_sentence_mismatches_from_aux(doc2doc_run, synthetic_d
     chunks = sum(-(-len(d.src) // 4) for d in docs)
     odd = sum(-(-len(d.src) // 4) for i, d in enumerate(docs) if i % 2)
     for counts in (True, False):
-        translator = Translator(_FakeTask(counts), None, tokenizer, SearchConfig(), 512, 64, 4)
+        translator = Translator(_FakeModel(counts), None, tokenizer, SearchConfig(), 512, 64, 4)
         hyps = translator.translate(docs)
         assert hyps == [[""] * len(d.src) for d in docs]
         assert translator.stats.chunks == chunks

@@ -8,19 +8,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import TABLE3_SWITCHES
 
-from docnmt_jax.decoding.beam_search import beam_search, source_length_limits
-from docnmt_jax.decoding.translator import SearchConfig
+from docnmt_jax.decoding.beam_search import beam_search
+from docnmt_jax.decoding.search import (
+    SearchConfig,
+    compile_translate,
+    encode_in_groups,
+    source_length_limits,
+)
 from docnmt_jax.models import layers
 from docnmt_jax.models.final import (
-    TABLE3_SWITCHES,
     Final,
     FinalConfig,
-    FinalTask,
+    FinalModel,
     SegmentRelativeAttention,
-    empty_memory,
-    encode_in_groups,
 )
+from docnmt_jax.models.xl import empty_memory
 
 V = 23
 CFG = FinalConfig(
@@ -527,13 +531,13 @@ def _search_alone(model, v, encoded_k, mask_k, limits_k, memory_kv, max_len):
 def test_translate_batch_uses_the_chosen_hypothesis_as_memory(final_model):
     _, params, _ = final_model
     batch = _batch(5)
-    task = FinalTask(CFG)
+    task = FinalModel(CFG)
     model = task.eval_module
     # A sharper random model (larger embeddings), so that outputs depend on the inputs.
     params = dict(params, embed={"embedding": params["embed"]["embedding"] * 6})
     search = SearchConfig(beam_size=2, alpha=0.6, len_a=1.0, len_b=2, max_len=6)
     L = search.output_len(5)
-    translate = _fast_jit(lambda p, b: task.translate_batch(p, b, search))
+    translate = _fast_jit(lambda p, b: task.translate(p, b, search)[0])
     ids = np.asarray(translate(params, batch))
     assert ids.shape == (3, 3, L)
     real = batch["src_mask"].any(-1)
@@ -585,12 +589,13 @@ def test_translate_batch_uses_the_chosen_hypothesis_as_memory(final_model):
     noisy = dict(batch, tgt=(batch["tgt"] + 3) % V, tgt_mask=np.ones_like(batch["tgt_mask"]))
     np.testing.assert_array_equal(np.asarray(translate(params, noisy)), ids)
     # The Translator's driver (one jitted search per sentence slot) gives the same ids.
-    np.testing.assert_array_equal(np.asarray(task.translate_fn(search)(params, batch)), ids)
+    compiled = compile_translate(task, search)
+    np.testing.assert_array_equal(np.asarray(compiled(params, batch)[0]), ids)
 
 
 def test_sentence_attention_export(final_model):
     model, params, batch = final_model
-    task = FinalTask(CFG)
+    task = FinalModel(CFG)
     attention = _fast_jit(task.sentence_attention)
     att = np.asarray(attention(params, batch))
     assert att.shape == (3, 3, 3)
@@ -634,13 +639,13 @@ def test_table3_rows_initialise_and_train():
     small = dict(num_encoder_layers=1, num_decoder_layers=1, deterministic=False)
     settings = [dict(s, **small) for s in TABLE3_SWITCHES.values()]
     settings.append(dict(TABLE3_SWITCHES["final"], **small, pre_ln=True))
-    tasks = [FinalTask(dataclasses.replace(CFG, **switches)) for switches in settings]
+    tasks = [FinalModel(dataclasses.replace(CFG, **switches)) for switches in settings]
 
     def losses(rng, batch):  # one compilation for all settings
         out = []
         for task in tasks:
             params = nn.meta.unbox(task.init(rng, batch))["params"]
-            logits, targets, mask = task.logits(params, batch, rng, True)
+            logits, targets, mask = task.forward(params, batch, rng, True)
             assert logits.shape == (6, 5, V)
             out.append(_loss(logits, targets, mask))
         return jnp.stack(out)
@@ -672,17 +677,18 @@ def test_sentence_decoder_variant_translates():
     """Without the XL decoder all sentences are searched at once; padding sentences -> PAD."""
     cfg = dataclasses.replace(CFG, **TABLE3_SWITCHES["+context_fusion_gate"])
     batch = _batch(5)
-    task = FinalTask(cfg)
+    task = FinalModel(cfg)
     search = SearchConfig(beam_size=2, alpha=0.6, len_a=1.0, len_b=2, max_len=6)
 
     params = nn.meta.unbox(task.init(jax.random.PRNGKey(0), batch))["params"]
     params = dict(params, embed={"embedding": params["embed"]["embedding"] * 6})
-    ids = np.asarray(_fast_jit(lambda p, b: task.translate_batch(p, b, search))(params, batch))
+    ids = np.asarray(_fast_jit(lambda p, b: task.translate(p, b, search)[0])(params, batch))
     real = batch["src_mask"].any(-1)
     L = search.output_len(5)
     assert ids.shape == (3, 3, L)
     assert (ids[~real] == 0).all() and ((ids[real] == 1).sum(-1) == 1).all()
-    np.testing.assert_array_equal(np.asarray(task.translate_fn(search)(params, batch)), ids)
+    compiled = compile_translate(task, search)
+    np.testing.assert_array_equal(np.asarray(compiled(params, batch)[0]), ids)
 
     # Every sentence as its own search (no memory) gives its row of ids.
     model, v = task.eval_module, {"params": params}

@@ -12,7 +12,10 @@ from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.training import restore
 
 GOLDEN = os.path.join(ROOT, "tests", "data", "golden")
-SEARCHES = {"greedy": SearchConfig(beam_size=1, alpha=0.0), "beam2": SearchConfig(beam_size=2, alpha=1.0)}
+SEARCHES = {
+    "greedy": SearchConfig(beam_size=1, alpha=0.0),
+    "beam2": SearchConfig(beam_size=2, alpha=1.0),
+}
 
 
 def _expected(path):

@@ -27,7 +27,7 @@ from docnmt_jax.data import readers
 from docnmt_jax.data.pipeline import PipelineConfig
 from docnmt_jax.data.schema import dummy_batch
 from docnmt_jax.data.tokenizer import get_or_train_tokenizer
-from docnmt_jax.models import build_task
+from docnmt_jax.models import build_model
 from docnmt_jax.training import trainer
 
 WORKER = os.path.join(ROOT, "tests", "sharding_worker.py")
@@ -123,7 +123,7 @@ def test_rules_cover_every_logical_name_and_shard_as_designed():
     for model in ("transformer", "final"):
         config = CONFIGS[model]("unused")
         boxed = jax.eval_shape(
-            build_task(config.model, 300).init, jax.random.PRNGKey(0), dummy_batch()
+            build_model(config.model, 300).init, jax.random.PRNGKey(0), dummy_batch()
         )
         specs = jax.tree_util.tree_leaves(
             nn.get_partition_spec(boxed["params"]), is_leaf=lambda x: isinstance(x, P)

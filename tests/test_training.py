@@ -15,7 +15,8 @@ from conftest import ROOT, tiny_config
 
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.pipeline import PipelineConfig, numpy_batches
-from docnmt_jax.models import build_task
+from docnmt_jax.models import build_model
+from docnmt_jax.objectives import build_objective
 from docnmt_jax.training import checkpoints, optim, trainer
 
 
@@ -47,10 +48,11 @@ def test_tiny_model_overfits_a_handful_of_pairs():
         "num_decoder_layers": 1,
         "dropout_rate": 0.0,
     }
-    task = build_task(model_cfg, vocab_size=len(vocab) + 4)
+    task = build_model(model_cfg, vocab_size=len(vocab) + 4)
     params = nn.meta.unbox(task.init(jax.random.PRNGKey(0), batch)["params"])
     tx, schedule = optim.make_optimizer(32, warmup_steps=30, lr_scale=0.5)
-    train_step, eval_step = trainer.make_steps(task, tx, schedule, smoothing=0.0, seed=0)
+    objective = build_objective(None, task)  # maximum likelihood, no label smoothing
+    train_step, eval_step = trainer.make_steps(objective, tx, schedule, seed=0)
     state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
     first = None
     # At lr_scale 0.5 the NLL falls smoothly: 0.003 at step 100, 4e-4 at 300 (measured); at
@@ -59,9 +61,9 @@ def test_tiny_model_overfits_a_handful_of_pairs():
     for _ in range(300):
         state, metrics = train_step(state, batch)
         if first is None:
-            first = float(metrics["loss"] / metrics["tokens"])
+            first = metrics["loss"].value()
     sums = eval_step(state["params"], batch)
-    final = float(sums["nll"] / sums["tokens"])
+    final = sums["nll"].value()
     assert first > 1.5
     assert final < 0.02, final
 
@@ -188,7 +190,10 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(synthetic_dir, tmp_path):
 
 
 def test_tiny_config_trains_200_steps_and_loss_falls(synthetic_dir, tmp_path):
-    config = tiny_config(synthetic_dir, num_steps=200, warmup_steps=60, lr_scale=2.0)
+    # lr_scale 2.0 (peak lr 0.045) made the loss climb again after step ~120 on this machine
+    # (dev loss 1.71 at step 100, 2.12 at 200, identical before and after the model-interface
+    # refactor): a test of divergence, not of training. At 1.0 it falls steadily.
+    config = tiny_config(synthetic_dir, num_steps=200, warmup_steps=60, lr_scale=1.0)
     config.train.eval_every = 100
     config.model.dropout_rate = 0.0
     result = trainer.train_and_evaluate(config, str(tmp_path / "run"), record_losses=True)

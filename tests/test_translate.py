@@ -11,7 +11,7 @@ from conftest import ROOT, tiny_config
 
 from docnmt_jax.data import readers
 from docnmt_jax.decoding import translator as translator_lib
-from docnmt_jax.decoding.translator import SearchConfig
+from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.training import restore, trainer
 
 
@@ -118,8 +118,8 @@ def test_trimmed_batches_translate_like_full_ones(trained_run, synthetic_dir, mo
     search = SearchConfig(beam_size=2)
     translator, _ = restore.load_translator(trained_run, "latest", search)
     shapes = []
-    jitted = translator._translate_batch
-    translator._translate_batch = lambda p, b: shapes.append(b["src"].shape) or jitted(p, b)
+    jitted = translator._search
+    translator._search = lambda p, b: shapes.append(b["src"].shape) or jitted(p, b)
     trimmed = translator.translate(docs)
     config = translator.pipeline_config
     assert shapes and all(rows < config.batch_size(1, t) for rows, _, t in shapes)

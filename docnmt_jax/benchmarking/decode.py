@@ -45,15 +45,15 @@ def never_eos(params: Any) -> Any:
 
 def fixed_search(beam: int, length: int) -> Any:
     """Beam ``beam`` (1: greedy, alpha 0; else alpha 0.6), every output exactly ``length``."""
-    from docnmt_jax.decoding.translator import SearchConfig
+    from docnmt_jax.decoding.search import SearchConfig
 
     alpha = 0.6 if beam > 1 else 0.0
     return SearchConfig(beam_size=beam, alpha=alpha, len_a=0.0, len_b=length, max_len=length)
 
 
 class DecodeRun:
-    """``task.translate_batch`` with beam ``beam`` (1: greedy) on ``batch``, in calls of
-    ``rows`` chunks each, compiled as the Translator does (``translator.search_function``) and
+    """``task.translate`` with beam ``beam`` (1: greedy) on ``batch``, in calls of ``rows``
+    chunks each, compiled as the Translator does (``search.compile_translate``) and
     run once (compilation timed; XLA compilations counted in that run and, apart, in the timed
     calls, which should have none)."""
 
@@ -62,11 +62,11 @@ class DecodeRun:
     ):
         import jax
 
-        from docnmt_jax.decoding.translator import search_function
+        from docnmt_jax.decoding.search import compile_translate
 
         self.name, self.batch, self.beam, self.args = name, batch, beam, args
         self.search = fixed_search(beam, args.decode_len)
-        translate = search_function(task, self.search)
+        translate = compile_translate(task, self.search)
         parts = [
             {key: value[start : start + rows] for key, value in batch.items()}
             for start in range(0, batch["src"].shape[0], rows)
@@ -74,9 +74,7 @@ class DecodeRun:
         self.calls = len(parts)
 
         def call() -> Any:
-            outputs = [translate(params, part) for part in parts]
-            if isinstance(outputs[0], tuple):  # (ids, aux)
-                outputs = [ids for ids, _ in outputs]
+            outputs = [translate(params, part)[0] for part in parts]  # (ids, aux) each
             return np.concatenate([np.asarray(ids) for ids in outputs])
 
         self.call = call
@@ -133,8 +131,7 @@ def decode_section(args: argparse.Namespace, results: Results) -> Results:
         # that searches a chunk's sentences one after another gets S times more chunks per
         # call, so every search step has as many rows as the sentence model's (the same token
         # budget per row); the others get them in S calls of --chunks chunks.
-        sequential = bool(getattr(task, "sequential_sentences", False))
-        rows = args.chunks * (args.sentences if sequential else 1)
+        rows = args.chunks * (args.sentences if task.layout.sequential else 1)
         batch = make_batch(args, args.chunks * args.sentences, args.sentences, args.length)
         params = never_eos(init_params(task, batch))
         for beam in sorted({args.beam, 1}, reverse=True):

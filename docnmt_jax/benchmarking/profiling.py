@@ -19,7 +19,7 @@ def profile_section(args: argparse.Namespace, results: Results) -> Results:
     greedy decode."""
     import jax
 
-    from docnmt_jax.decoding.translator import search_function
+    from docnmt_jax.decoding.search import compile_translate
 
     batch = make_batch(args, args.chunks, args.sentences, args.length)
     traces = {}
@@ -31,7 +31,7 @@ def profile_section(args: argparse.Namespace, results: Results) -> Results:
         decoders = {}
         for beam in sorted({args.beam, 1}, reverse=True):
             search = fixed_search(beam, args.decode_len)
-            decoders[beam] = search_function(task, search)
+            decoders[beam] = compile_translate(task, search)
             jax.block_until_ready(decoders[beam](params, batch))  # compile outside the trace
         path = os.path.join(args.profile, name)
         with jax.profiler.trace(path):

@@ -18,26 +18,23 @@ SIZES = {
     "ted": {"d_model": 256, "num_heads": 4, "ffn_dim": 512, "layers": 4},
     "base": {"d_model": 512, "num_heads": 8, "ffn_dim": 2048, "layers": 6},
 }
-OPTIONAL_MODELS = ("doc2doc",)  # benchmarked by default once build_task knows them
 
 
 def model_names(args: argparse.Namespace) -> list[str]:
-    """``--models``, or ``transformer,final`` plus the optional models build_task knows."""
+    """``--models``, or every registered model with a FLOP counter, the sentence Transformer
+    (the baseline of every ratio) first."""
     if args.models != "auto":
         return args.models.split(",")
-    names = ["transformer", "final"]
-    for name in OPTIONAL_MODELS:
-        try:
-            build(name, args, 1)
-        except ValueError:
-            continue
-        names.append(name)
-    return names
+    from docnmt_jax.models import registered
+
+    names = [name for name, entry in registered().items() if entry.flops is not None]
+    return sorted(names, key=lambda name: (name != "transformer", name))
 
 
 def build(name: str, args: argparse.Namespace, sentences: int) -> Any:
-    """The task of model ``name`` at ``--size``/``--dtype``, fit for chunks of ``sentences``."""
-    from docnmt_jax.models import build_task
+    """Model ``name`` at ``--size``/``--dtype`` (label smoothing 0.1), fit for chunks of
+    ``sentences`` (a segment table of at least that many rows, where the model has one)."""
+    from docnmt_jax.models import build_model
 
     size = SIZES[args.size]
     config = {
@@ -49,10 +46,12 @@ def build(name: str, args: argparse.Namespace, sentences: int) -> Any:
         "num_decoder_layers": size["layers"],
         "dtype": args.dtype,
     }
-    task = build_task(config, args.vocab)
-    if getattr(task.config, "max_segments", sentences) < sentences:
-        task = type(task)(dataclasses.replace(task.config, max_segments=sentences))
-    return task
+    model = build_model(config, args.vocab, label_smoothing=0.1)
+    fields = {f.name for f in dataclasses.fields(model.config)}
+    if "max_segments" in fields and model.config.max_segments < sentences:
+        config = dataclasses.replace(model.config, max_segments=sentences)
+        model = type(model)(config, label_smoothing=0.1)
+    return model
 
 
 def make_batch(args: argparse.Namespace, chunks: int, sentences: int, length: int) -> Results:
@@ -67,11 +66,11 @@ def analytic_train_flops(task: Any, batch: Results) -> tuple[int | None, dict[st
     model has no analytic count)."""
     from docnmt_jax import flops
 
-    if not flops.supported(task.config):
+    if not flops.supported(task):
         return None, {}
     B, S, T = batch["tgt"].shape
     shape = flops.BatchShape(B, S, batch["src"].shape[-1], T)
-    return flops.train_flops(task.config, shape), flops.forward_terms(task.config, shape)
+    return flops.train_flops(task, shape), flops.forward_terms(task, shape)
 
 
 def add_ratios(runs: list[Results], key: str, group: str | None = None) -> str:

@@ -1,7 +1,8 @@
-"""Decoding: batched beam search over an explicit decoder cache, and document translation.
+"""Decoding: batched beam search over an explicit decoder cache, the search drivers every
+model uses, and document translation.
 
-``docnmt_jax.decoding.beam_search`` (the module) holds the model-agnostic search:
-``beam_search``, ``greedy_search``, ``tile_beams``, ``gather_beams``, ``length_penalty``,
-``source_length_limits``. Import from the submodule (``from docnmt_jax.decoding.beam_search
-import beam_search``); this package does not re-export them so the module name stays unshadowed.
+``beam_search`` (the module) holds the model-agnostic search (``beam_search``,
+``greedy_search``, ``tile_beams``, ``gather_beams``, ``length_penalty``); ``search`` the
+settings, output limits and drivers (per row, slot by slot, compiled); ``translator`` the
+Translator. Import from the submodules; this package re-exports nothing.
 """

@@ -1,17 +1,9 @@
 """Batched beam search as a pure, jit-able function over an explicit decoder-cache pytree.
 
 The search is model-agnostic: it only calls ``step_fn(cache, tokens, extra) -> (logits,
-cache)``. The caller encodes the source once, builds the cache, then calls :func:`beam_search`.
-Recommended pattern (``params`` closed over inside one jitted function)::
-
-    @functools.partial(jax.jit, static_argnames=("beam_size", "max_len"))
-    def translate(params, src, src_mask, max_lengths, beam_size=5, max_len=64):
-        encoded = model.apply(params, src, src_mask, method=model.encode)
-        cache = model.apply(params, src.shape[0], max_len, method=model.init_cache)
-        extra = model.apply(params, encoded, src_mask, method=model.decode_inputs)
-        step = lambda c, tok, e: model.apply(params, c, tok, e, method=model.decode_step)
-        return beam_search(step, cache, extra, beam_size=beam_size, max_len=max_len,
-                           max_lengths=max_lengths)
+cache)``. Models never call it directly: the drivers of :mod:`docnmt_jax.decoding.search`
+encode the source once, build the model's cache and per-example inputs, then call
+:func:`beam_search`.
 
 Scoring: a hypothesis of ``len`` generated tokens (EOS included) and log-probability ``lp``
 (sum of the model's ``log_softmax`` in float32) scores ``lp / ((5 + len) / 6) ** alpha``, the
@@ -96,12 +88,6 @@ class BeamState(NamedTuple):
 def length_penalty(length: Array | int, alpha: float) -> Array:
     """Wu et al. (2016) length penalty ``((5 + length) / 6) ** alpha`` (float32)."""
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
-
-
-def source_length_limits(src_mask: Array, len_a: float, len_b: float, max_len: int) -> Array:
-    """Per-example output limits ``clip(floor(len_a * source_tokens + len_b), 1, max_len)``."""
-    src_len = jnp.sum(src_mask > 0, axis=-1).astype(jnp.float32)
-    return jnp.clip(jnp.floor(len_a * src_len + len_b), 1, max_len).astype(jnp.int32)
 
 
 def tile_beams(tree: Any, beam_size: int) -> Any:

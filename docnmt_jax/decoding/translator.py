@@ -1,21 +1,23 @@
-"""Translating documents with a trained task: batching, the jitted search, detokenisation, order.
+"""Translating documents with a trained model: batching, the compiled search, detokenisation,
+order.
 
-The model-specific part is the task's ``translate_batch(params, batch, search)`` (a pure,
-jit-able function from a pipeline batch ``[B, S, T]`` to token ids ``[B, S, L]``); this module
-feeds it fixed-shape batches from the document pipeline (so it compiles once per shape), puts
-the detokenised sentences back in input order, and streams long inputs block by block so
-memory does not grow with the input.
+The model-specific part is the model's search (:meth:`~docnmt_jax.models.base.Model.translate`,
+compiled by :func:`~docnmt_jax.decoding.search.compile_translate`: ``(params, batch) -> (ids
+[B, S, L], aux)``); this module feeds it fixed-shape batches from the document pipeline laid
+out as the model declares (``model.layout``), so it compiles once per shape, puts the
+detokenised sentences back in input order, and streams long inputs block by block so memory
+does not grow with the input. ``translate.py`` and dev BLEU during training run this same
+class, on one device or on a mesh (``mesh``: batch rows split over ``data x fsdp``).
 
-``translate_batch`` may also return ``(ids, aux)`` with ``aux`` a dict of per-chunk arrays
-``[B]``. Known keys: ``"sentence_counts"``, the number of sentences the model produced for each
-chunk (models that translate a chunk as one sequence, e.g. ``models/concat.py``); the
-translator counts the chunks where it differs from the source's (:class:`TranslationStats`).
+``aux`` holds per-chunk arrays ``[B]``. Known key: ``"sentence_counts"``, the number of
+sentences the model produced for each chunk (models that translate a chunk as one sequence,
+e.g. ``models/concat.py``); the translator counts the chunks where it differs from the
+source's (:class:`TranslationStats`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -23,34 +25,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from docnmt_jax import parallel
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.tokenizer import Tokenizer
-
-
-@dataclasses.dataclass(frozen=True)
-class SearchConfig:
-    """Beam search settings; the papers decode with beam 5 and length penalty 0.6.
-
-    A sentence's output is limited to ``min(max_len, floor(len_a * source_tokens + len_b))``
-    tokens including EOS.
-    """
-
-    beam_size: int = 5
-    alpha: float = 0.6
-    len_a: float = 1.5
-    len_b: int = 10
-    max_len: int = 256
-
-    def __post_init__(self) -> None:
-        if self.beam_size < 1:
-            raise ValueError(f"beam size must be >= 1, got {self.beam_size}")
-        if self.max_len < 1:
-            raise ValueError(f"max_len must be >= 1, got {self.max_len}")
-
-    def output_len(self, source_len: int) -> int:
-        """Static output length of a batch whose source sentences have ``source_len`` slots."""
-        return int(max(1, min(self.max_len, np.floor(self.len_a * source_len + self.len_b))))
+from docnmt_jax.decoding.search import SearchConfig, compile_translate
+from docnmt_jax.models.base import Model
 
 
 @dataclasses.dataclass
@@ -58,7 +38,7 @@ class TranslationStats:
     """Counters of a translation run (sentences, tokens, chunks, batches, compilations, seconds).
 
     ``sentence_count_mismatches``: chunks whose translation has a different number of sentences
-    than the source (``None`` unless the task reports ``aux["sentence_counts"]``).
+    than the source (``None`` unless the model reports ``aux["sentence_counts"]``).
     """
 
     documents: int = 0
@@ -90,15 +70,6 @@ class TranslationStats:
         return text
 
 
-def search_function(task: Any, search: SearchConfig) -> Any:
-    """The compiled ``(params, batch) -> ids`` of ``task``: its own ``translate_fn(search)``
-    when it has one (a task that drives several jitted searches per batch), else
-    ``jax.jit(task.translate_batch)``."""
-    if hasattr(task, "translate_fn"):
-        return task.translate_fn(search)
-    return jax.jit(functools.partial(task.translate_batch, search=search))
-
-
 def trim_padding_rows(batch: dict[str, np.ndarray], multiple: int = 1) -> dict[str, np.ndarray]:
     """``batch`` cut to the smallest power-of-two multiple of ``multiple`` rows (at least
     ``multiple``) that holds every real row (``doc_index >= 0``), when that is fewer rows.
@@ -120,19 +91,21 @@ def trim_padding_rows(batch: dict[str, np.ndarray], multiple: int = 1) -> dict[s
 
 
 class Translator:
-    """Translates documents with ``task`` and ``params`` on the pipeline's fixed shapes."""
+    """Translates documents with ``model`` and ``params`` on the pipeline's fixed shapes; with
+    ``mesh`` on that device mesh (``params`` must then carry their shardings)."""
 
     def __init__(
         self,
-        task: Any,
+        model: Model,
         params: Any,
         tokenizer: Tokenizer,
         search: SearchConfig,
         batch_tokens: int = 4096,
         max_src_len: int = 256,
         max_sentences: int = 20,
+        mesh: parallel.Layout | None = None,
     ):
-        self.task = task
+        self.model = model
         self.params = params
         self.tokenizer = tokenizer
         self.search = search
@@ -142,16 +115,17 @@ class Translator:
             max_tgt_len=1,
             batch_src_tokens=batch_tokens,
             batch_tgt_tokens=batch_tokens,
-            sentence_level=task.sentence_level,
+            sentence_level=model.layout.sentence_level,
             shuffle=False,
             num_epochs=1,
             pad_batch=True,
-            # A task that searches a chunk's sentences one after another (FINAL's memory) gets
+            # A model that searches a chunk's sentences one after another (FINAL's memory) gets
             # as many chunks as a sentence model gets sentences: same rows per search step.
-            sequential_sentences=bool(getattr(task, "sequential_sentences", False)),
+            sequential_sentences=model.layout.sequential,
+            batch_multiple=mesh.batch_shards if mesh is not None else 1,
         )
         self.stats = TranslationStats()
-        self._translate_batch = search_function(task, search)
+        self._search = compile_translate(model, search, mesh)
 
     def translate(self, documents: Sequence[Document]) -> list[list[str]]:
         """The translation of every sentence of ``documents``, document by document."""
@@ -163,8 +137,7 @@ class Translator:
         for batch in pipeline_lib.numpy_batches(plan):
             batch = trim_padding_rows(batch, self.pipeline_config.batch_multiple)
             self.stats.shapes.add(tuple(batch["src"].shape))
-            output = self._translate_batch(self.params, batch)
-            ids, aux = output if isinstance(output, tuple) else (output, {})
+            ids, aux = self._search(self.params, batch)
             ids = np.asarray(jax.device_get(ids))
             counts = aux.get("sentence_counts")
             if counts is not None:

@@ -23,9 +23,9 @@ import ml_collections
 
 from docnmt_jax.data import synthetic
 from docnmt_jax.data.tokenizer import get_or_train_tokenizer, load_tokenizer
-from docnmt_jax.decoding.translator import SearchConfig
+from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.evaluation import contrastive
-from docnmt_jax.models import build_task
+from docnmt_jax.models import build_model
 from docnmt_jax.training import restore, trainer
 
 # Settings a tiny model learns the task with in a few CPU minutes (see tests/test_context_proof).
@@ -199,10 +199,10 @@ def contrastive_hook(
         if not state:  # the tokenizer exists once training has started
             tokenizer = config.data.tokenizer or os.path.join(workdir, "spm.model")
             state["tokenizer"] = load_tokenizer(tokenizer)
-            state["task"] = build_task(config.model, state["tokenizer"].vocab_size)
-            state["scorer"] = contrastive.make_sentence_scorer(state["task"])
+            state["model"] = build_model(config.model, state["tokenizer"].vocab_size)
+            state["scorer"] = contrastive.make_sentence_scorer(state["model"])
         result = contrastive.contrastive_accuracy(
-            state["task"],
+            state["model"],
             params,
             state["tokenizer"],
             docs,
@@ -248,13 +248,14 @@ def run(
     result = trainer.train_and_evaluate(config, workdir, eval_hooks=hooks)
     train_s = time.monotonic() - start
     scores = score(workdir, config.data.data_dir, config.data.eval_batch_tokens)
-    task, params = _task_and_params(workdir)
+    model, _, _ = restore.load_model(workdir)
+    params, _ = restore.load_params(model, workdir, "latest")
     docs = trainer.load_documents(config.data, contrastive_split)
     labels = synthetic.read_labels(
         os.path.join(config.data.data_dir, f"{contrastive_split}.labels.jsonl")
     )
     scores["contrastive"] = contrastive.contrastive_accuracy(
-        task,
+        model,
         params,
         restore.load_run_tokenizer(config, workdir),
         docs,
@@ -266,14 +267,6 @@ def run(
     scores["dev"] = result.dev_metrics
     scores["step"] = result.step
     return scores
-
-
-def _task_and_params(workdir: str) -> tuple[Any, Any]:
-    config = restore.load_config(workdir)
-    tokenizer = restore.load_run_tokenizer(config, workdir)
-    task = build_task(config.model, tokenizer.vocab_size)
-    params, _ = restore.load_params(task, workdir, "latest")
-    return task, params
 
 
 def markdown(scores: dict[str, Any], name: str = "model") -> str:

@@ -9,7 +9,7 @@ search is involved, so it is cheap enough to run during training. A model that s
 labelled sentence is at chance: the class or topic is drawn independently of that sentence.
 
 Document models see the chunk holding the labelled sentence (sentences ``[c*S, (c+1)*S)``);
-sentence models (``task.sentence_level``) see the sentence alone.
+sentence models (``model.layout``: one sentence per row) see the sentence alone.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.schema import batch_from_grids
 from docnmt_jax.data.synthetic import ContextLabel
 from docnmt_jax.data.tokenizer import Tokenizer
+from docnmt_jax.models.base import Model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,25 +92,10 @@ def grid_batch(
     return batch_from_grids(tokens["src"], tokens["tgt"])
 
 
-def make_sentence_scorer(task: Any) -> Callable[[Any, dict[str, np.ndarray]], jax.Array]:
-    """Jitted ``(params, batch) -> log p(sentence) [B, S]`` (sum over its tokens)."""
-
-    @jax.jit
-    def score(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
-        logits, targets, mask = task.logits(params, batch, None, False)
-        rows = batch["src"].shape[0] * batch["src"].shape[1]
-        if logits.shape[0] != rows:
-            raise ValueError(
-                f"{type(task).__name__}: contrastive scoring needs one logit row per sentence "
-                f"(got {logits.shape[0]} rows for {rows} sentences; packed-chunk models such "
-                "as doc2doc are not supported)"
-            )
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-        token = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-        per_sentence = jnp.sum(token * mask, axis=-1)
-        return per_sentence.reshape(batch["src"].shape[:2])
-
-    return score
+def make_sentence_scorer(model: Model) -> Callable[[Any, dict[str, np.ndarray]], jax.Array]:
+    """Jitted ``(params, batch) -> log p(sentence) [B, S]``: the model's own
+    :meth:`~docnmt_jax.models.base.Model.score` (sum over each sentence's tokens)."""
+    return jax.jit(model.score)
 
 
 def _batches(
@@ -124,7 +109,7 @@ def _batches(
 
 
 def candidate_scores(
-    task: Any,
+    model: Model,
     params: Any,
     tokenizer: Tokenizer,
     documents: Sequence[Document],
@@ -135,10 +120,10 @@ def candidate_scores(
 ) -> list[np.ndarray]:
     """Per label, ``log p`` of the labelled sentence with each candidate form (in
     :attr:`ContextLabel.candidates` order), teacher-forced with its chunk as context."""
-    sentence_level = bool(getattr(task, "sentence_level", True))
+    sentence_level = model.layout.sentence_level
     items = make_items(documents, labels, tokenizer, max_sentences, sentence_level)
     sentences = 1 if sentence_level else max_sentences
-    scorer = scorer or make_sentence_scorer(task)
+    scorer = scorer or make_sentence_scorer(model)
     scores = [np.full(len(lb.candidates), np.nan) for lb in labels]
     for chunk, batch in _batches(items, rows, sentences, bucket=16):
         logp = np.asarray(scorer(params, batch))
@@ -148,7 +133,7 @@ def candidate_scores(
 
 
 def contrastive_accuracy(
-    task: Any,
+    model: Model,
     params: Any,
     tokenizer: Tokenizer,
     documents: Sequence[Document],
@@ -161,7 +146,7 @@ def contrastive_accuracy(
     overall, per phenomenon and per distance (the bucket format of
     :func:`~docnmt_jax.data.synthetic.context_accuracy`)."""
     scores = candidate_scores(
-        task, params, tokenizer, documents, labels, max_sentences, rows, scorer
+        model, params, tokenizer, documents, labels, max_sentences, rows, scorer
     )
     tallies: dict[tuple[str, Any], list[int]] = {}
     for lb, by_candidate in zip(labels, scores, strict=True):

@@ -17,6 +17,8 @@ chunk's target sentences as one sequence.
   unchanged. Nothing is dropped: sentences beyond the source's count are appended to its last
   sentence (their separators removed), missing sentences are empty (EOS only); the predicted
   sentence count is returned for the translator's mismatch statistics.
+* Scoring (:meth:`Doc2DocModel.score`): a sentence's log-likelihood is the sum over its packed
+  target tokens, its separator (or the chunk's final EOS) included.
 
 Decisions beyond the paper: a chunk's output budget is the sum of the budgets its sentences
 would get one by one (:func:`chunk_output_limits`), separators included; real sentences are
@@ -31,9 +33,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from docnmt_jax import flops
 from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from docnmt_jax.decoding.beam_search import source_length_limits
-from docnmt_jax.models.transformer import Transformer, TransformerConfig, search_rows
+from docnmt_jax.decoding.search import SearchConfig, search_rows, source_length_limits
+from docnmt_jax.models.base import BaseModel, BatchLayout, ModelError, register
+from docnmt_jax.models.transformer import Transformer, TransformerConfig
 
 Array = jax.Array
 
@@ -132,7 +136,7 @@ def split_sentences(
     return ids, counts
 
 
-def chunk_output_limits(src_mask: Array, search: Any, cap: int) -> tuple[int, Array]:
+def chunk_output_limits(src_mask: Array, search: SearchConfig, cap: int) -> tuple[int, Array]:
     """(static output length, per-chunk limits ``[B]``) of the packed chunks of ``src_mask``.
 
     Every real sentence of ``T`` slots contributes what a sentence model would get for it:
@@ -151,25 +155,21 @@ def chunk_output_limits(src_mask: Array, search: Any, cap: int) -> tuple[int, Ar
     return max_len, jnp.clip(total, 1, max_len).astype(jnp.int32)
 
 
-class Doc2DocTask:
-    """Adapter between the training loop / translator and :class:`Transformer` over packed
-    chunks (Zheng et al. 2020, Table 3, Doc2Doc)."""
+@register("doc2doc", config=Doc2DocConfig, flops=flops.doc2doc_terms)
+class Doc2DocModel(BaseModel):
+    """The sentence Transformer over packed chunks (Zheng et al. 2020, Table 3, Doc2Doc)."""
 
-    sentence_level = False  # batches hold chunks of up to S sentences per row
-
-    def __init__(self, config: Doc2DocConfig):
-        self.config = config
-        self.train_module = Transformer(dataclasses.replace(config, deterministic=False))
-        self.eval_module = Transformer(dataclasses.replace(config, deterministic=True))
+    module_class = Transformer
+    layout = BatchLayout.CHUNKS
 
     def _check_length(self, length: int) -> None:
         if length > self.config.max_len:
-            raise ValueError(
+            raise ModelError(
                 f"a packed chunk of {length} slots > max_len={self.config.max_len}; raise "
                 "config.model.max_len or lower data.max_sentences / max_src_len / max_tgt_len"
             )
 
-    def packed(self, batch: dict[str, Array]) -> dict[str, Array]:
+    def rows(self, batch: dict[str, Array]) -> dict[str, Array]:
         """Packed ``src``/``tgt`` rows ``[B, S*T]`` and their masks."""
         self._check_length(batch["src"].shape[1] * batch["src"].shape[2])
         self._check_length(batch["tgt"].shape[1] * batch["tgt"].shape[2])
@@ -177,31 +177,21 @@ class Doc2DocTask:
         tgt, tgt_mask = pack_target(batch["tgt"], batch["tgt_mask"])
         return {"src": src, "src_mask": src_mask, "tgt": tgt, "tgt_mask": tgt_mask}
 
-    def init(self, rng: Array, batch: dict[str, Array]) -> Any:
-        rows = self.packed(batch)
-        return self.eval_module.init(
-            rng, rows["src"], rows["src_mask"], rows["tgt"], rows["tgt_mask"]
-        )
+    def score(self, params: Any, batch: dict[str, Array]) -> Array:
+        """``log p [B, S]`` of every target sentence inside its packed chunk: the packed
+        row's token log-probabilities summed per sentence (its separator or final EOS
+        included)."""
+        logits, targets, mask = self.forward(params, batch, None, False)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        token = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0] * mask
+        B, S, T = batch["tgt"].shape
+        sentence = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32)[None, :, None], (B, S, T))
+        packed_sentence, _ = pack_tokens(sentence, batch["tgt_mask"])  # [B, S*T]
+        onehot = jax.nn.one_hot(packed_sentence, S, dtype=jnp.float32)
+        return jnp.einsum("bl,bls->bs", token, onehot)
 
-    def logits(
-        self, params: Any, batch: dict[str, Array], dropout_rng: Array | None, train: bool
-    ) -> tuple[Array, Array, Array]:
-        """(logits ``[B, S*T, V]``, packed targets ``[B, S*T]``, their mask ``[B, S*T]``)."""
-        rows = self.packed(batch)
-        module = self.train_module if train else self.eval_module
-        rngs = {"dropout": dropout_rng} if train else {}
-        logits = module.apply(
-            {"params": params},
-            rows["src"],
-            rows["src_mask"],
-            rows["tgt"],
-            rows["tgt_mask"],
-            rngs=rngs,
-        )
-        return logits, rows["tgt"], rows["tgt_mask"]
-
-    def translate_batch(
-        self, params: Any, batch: dict[str, Array], search: Any
+    def translate(
+        self, params: Any, batch: dict[str, Array], search: SearchConfig
     ) -> tuple[Array, dict[str, Array]]:
         """Beam search of every packed chunk, cut into sentences.
 

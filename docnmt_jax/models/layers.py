@@ -163,12 +163,48 @@ class FeedForward(nn.Module):
         )(h)
 
 
+def heads_projection(
+    num_heads: int, model_dim: int, dtype: Dtype, use_bias: bool = True, name: str | None = None
+) -> nn.DenseGeneral:
+    """``[..., D] -> [..., H, D/H]`` projection (queries, keys, values) with logical axes."""
+    if model_dim % num_heads:
+        raise ValueError(f"model dimension {model_dim} is not divisible by {num_heads} heads")
+    return nn.DenseGeneral(
+        features=(num_heads, model_dim // num_heads),
+        axis=-1,
+        use_bias=use_bias,
+        dtype=dtype,
+        kernel_init=partitioned(nn.initializers.xavier_uniform(), ("embed", "heads", "kv")),
+        bias_init=partitioned(nn.initializers.zeros_init(), ("heads", "kv")),
+        name=name,
+    )
+
+
+def output_projection(model_dim: int, dtype: Dtype, name: str | None = None) -> nn.DenseGeneral:
+    """``[..., H, D/H] -> [..., D]``: the heads concatenated and projected (logical axes)."""
+    return nn.DenseGeneral(
+        features=model_dim,
+        axis=(-2, -1),
+        dtype=dtype,
+        kernel_init=partitioned(nn.initializers.xavier_uniform(), ("heads", "kv", "embed")),
+        bias_init=partitioned(nn.initializers.zeros_init(), ("embed",)),
+        name=name,
+    )
+
+
+def masked_softmax(logits: Array, mask: Array | None) -> Array:
+    """Softmax over the last axis of float32 ``logits`` where the boolean ``mask`` holds
+    (:data:`NEG_INF` elsewhere: a fully masked row is uniform, never NaN)."""
+    if mask is not None:
+        logits = jnp.where(mask, logits, NEG_INF)
+    return jax.nn.softmax(logits, axis=-1)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head scaled dot-product attention with separable key/value projection.
 
     ``__call__(q_in, kv_in, mask)`` is plain attention; decoders use ``project_kv`` once and
-    ``attend`` many times. ``mask`` is boolean, broadcastable to ``[B, H, Tq, Tk]``; ``bias``
-    (optional, same broadcast) is added to the logits, the hook for relative attention variants.
+    ``attend`` many times. ``mask`` is boolean, broadcastable to ``[B, H, Tq, Tk]``.
     """
 
     num_heads: int
@@ -178,28 +214,11 @@ class MultiHeadAttention(nn.Module):
     dtype: Dtype = jnp.float32
 
     def setup(self) -> None:
-        if self.model_dim % self.num_heads:
-            raise ValueError(
-                f"model dimension {self.model_dim} is not divisible by {self.num_heads} heads"
-            )
-        heads = (self.num_heads, self.model_dim // self.num_heads)
-        in_axes = ("embed", "heads", "kv")
-        self.query = self._dense(heads, -1, in_axes, ("heads", "kv"))
-        self.key = self._dense(heads, -1, in_axes, ("heads", "kv"))
-        self.value = self._dense(heads, -1, in_axes, ("heads", "kv"))
-        self.out = self._dense(self.model_dim, (-2, -1), ("heads", "kv", "embed"), ("embed",))
+        self.query = heads_projection(self.num_heads, self.model_dim, self.dtype)
+        self.key = heads_projection(self.num_heads, self.model_dim, self.dtype)
+        self.value = heads_projection(self.num_heads, self.model_dim, self.dtype)
+        self.out = output_projection(self.model_dim, self.dtype)
         self.dropout = nn.Dropout(self.dropout_rate)
-
-    def _dense(
-        self, features: Any, axis: Any, axes: tuple[str, ...], bias_axes: tuple[str, ...]
-    ) -> nn.DenseGeneral:
-        return nn.DenseGeneral(
-            features=features,
-            axis=axis,
-            dtype=self.dtype,
-            kernel_init=partitioned(nn.initializers.xavier_uniform(), axes),
-            bias_init=partitioned(nn.initializers.zeros_init(), bias_axes),
-        )
 
     def project_q(self, x: Array) -> Array:
         """``[B, T, D] -> [B, T, H, D/H]``."""
@@ -215,7 +234,6 @@ class MultiHeadAttention(nn.Module):
         k: Array,
         v: Array,
         mask: Array | None,
-        bias: Array | None = None,
         return_weights: bool = False,
         heads_major: bool = False,
     ) -> Array | tuple[Array, Array]:
@@ -226,8 +244,8 @@ class MultiHeadAttention(nn.Module):
 
         ``q`` may hold ``G`` rows per key row (``q [B*G, Tq, H, d]``, ``k, v [B, Tk, H, d]``,
         each example's ``G`` rows contiguous): the beams of a search share their example's
-        cross-attention keys, read once instead of once per beam. ``mask`` and ``bias`` then
-        broadcast to ``[B, H, G*Tq, Tk]`` (their query axis of size 1).
+        cross-attention keys, read once instead of once per beam. ``mask`` then broadcasts to
+        ``[B, H, G*Tq, Tk]`` (its query axis of size 1).
         """
         groups = q.shape[0] // k.shape[0]
         rows, tq = q.shape[:2]
@@ -235,11 +253,7 @@ class MultiHeadAttention(nn.Module):
         depth = q.shape[-1]
         kv = "bhkd" if heads_major else "bkhd"
         logits = jnp.einsum(f"bqhd,{kv}->bhqk", q, k).astype(jnp.float32) / np.sqrt(depth)
-        if bias is not None:
-            logits = logits + bias.astype(jnp.float32)
-        if mask is not None:
-            logits = jnp.where(mask, logits, NEG_INF)
-        weights = jax.nn.softmax(logits, axis=-1)
+        weights = masked_softmax(logits, mask)
         dropped = self.dropout(weights, deterministic=self.deterministic)
         if heads_major:
             out = attention_values(dropped.astype(self.dtype), v)

@@ -15,9 +15,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from docnmt_jax import flops
 from docnmt_jax.data.tokenizer import BOS_ID
-from docnmt_jax.decoding.beam_search import beam_search, source_length_limits
+from docnmt_jax.decoding.search import SearchConfig, search_rows, sentence_limits
 from docnmt_jax.models import layers
+from docnmt_jax.models.base import BaseModel, BatchLayout, register
 
 Array = jax.Array
 Cache = dict[str, Any]
@@ -247,98 +249,24 @@ def sentence_rows(batch: dict[str, Array]) -> dict[str, Array]:
     }
 
 
-class SentenceTransformerTask:
-    """Adapter between the training loop and :class:`Transformer`: init and logits per batch."""
+@register("transformer", config=TransformerConfig, flops=flops.transformer_terms)
+class TransformerModel(BaseModel):
+    """SENTNMT: every sentence translated on its own (one sentence per batch row)."""
 
-    sentence_level = True  # translation batches hold one sentence per row
+    module_class = Transformer
+    layout = BatchLayout.SENTENCES
 
-    def __init__(self, config: TransformerConfig):
-        self.config = config
-        self.train_module = Transformer(dataclasses.replace(config, deterministic=False))
-        self.eval_module = Transformer(dataclasses.replace(config, deterministic=True))
+    def rows(self, batch: dict[str, Array]) -> dict[str, Array]:
+        return sentence_rows(batch)
 
-    def init(self, rng: Array, batch: dict[str, Array]) -> Any:
+    def translate(
+        self, params: Any, batch: dict[str, Array], search: SearchConfig
+    ) -> tuple[Array, dict[str, Array]]:
+        """Beam search over every sentence of ``batch``: ids ``[B, S, L]`` (EOS, then PAD);
+        the encoder runs once (:func:`~docnmt_jax.decoding.search.search_rows`)."""
         rows = sentence_rows(batch)
-        return self.eval_module.init(
-            rng, rows["src"], rows["src_mask"], rows["tgt"], rows["tgt_mask"]
-        )
-
-    def logits(
-        self, params: Any, batch: dict[str, Array], dropout_rng: Array | None, train: bool
-    ) -> tuple[Array, Array, Array]:
-        """(logits ``[N, T, V]``, targets ``[N, T]``, target mask ``[N, T]``)."""
-        rows = sentence_rows(batch)
-        module = self.train_module if train else self.eval_module
-        rngs = {"dropout": dropout_rng} if train else {}
-        logits = module.apply(
-            {"params": params},
-            rows["src"],
-            rows["src_mask"],
-            rows["tgt"],
-            rows["tgt_mask"],
-            rngs=rngs,
-        )
-        return logits, rows["tgt"], rows["tgt_mask"]
-
-    def translate_batch(self, params: Any, batch: dict[str, Array], search: Any) -> Array:
-        """Beam search over every sentence of ``batch``: ids ``[B, S, L]`` (EOS, then PAD).
-
-        The encoder runs once (:func:`search_rows`).
-        """
-        rows = sentence_rows(batch)
-        max_len = search.output_len(rows["src"].shape[-1])
-        max_lengths = source_length_limits(rows["src_mask"], search.len_a, search.len_b, max_len)
+        max_len, limits = sentence_limits(rows["src_mask"], search)
         result = search_rows(
-            self.eval_module, params, rows["src"], rows["src_mask"], search, max_len, max_lengths
+            self.eval_module, params, rows["src"], rows["src_mask"], search, max_len, limits
         )
-        return result.sequences[:, 0].reshape(batch["src"].shape[:2] + (max_len,))
-
-
-def search_rows(
-    module: Transformer,
-    params: Any,
-    src: Array,
-    src_mask: Array,
-    search: Any,
-    max_len: int,
-    max_lengths: Array,
-    allow_bos: bool = False,
-) -> Any:
-    """Encodes ``src [N, Ts]`` once and beam-searches every row (``search``: beam size and
-    alpha): the cache holds the decoder self-attention keys/values (reordered with the beams);
-    the cross-attention keys/values are per-example inputs, never tiled or reordered."""
-    variables = {"params": params}
-    encoded = module.apply(variables, src, src_mask, method=module.encode)
-    extra = module.apply(variables, encoded, src_mask, method=module.decode_inputs)
-    return search_decoder(
-        module, variables, extra, search, max_len, max_lengths, allow_bos=allow_bos
-    )
-
-
-def search_decoder(
-    module: nn.Module,
-    variables: Any,
-    extra: dict[str, Any],
-    search: Any,
-    max_len: int,
-    max_lengths: Array,
-    **options: Any,
-) -> Any:
-    """Beam search of ``module.decode_step`` from an empty self-attention cache, one row per
-    row of ``extra`` (its ``decode_inputs``, with ``src_mask``); ``search`` gives the beam
-    size and alpha, ``options`` go to :func:`beam_search` (e.g. ``keep_best_cache``)."""
-
-    def step_fn(cache: Cache, tokens: Array, extra: dict[str, Any]) -> tuple[Array, Cache]:
-        return module.apply(variables, cache, tokens, extra, method=module.decode_step)
-
-    rows = extra["src_mask"].shape[0]
-    return beam_search(
-        step_fn,
-        empty_self_attention_cache(module.config, rows, max_len),
-        extra,
-        beam_size=search.beam_size,
-        alpha=search.alpha,
-        max_len=max_len,
-        max_lengths=max_lengths,
-        **options,
-    )
+        return result.sequences[:, 0].reshape(batch["src"].shape[:2] + (max_len,)), {}

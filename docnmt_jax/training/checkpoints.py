@@ -44,10 +44,19 @@ class Checkpointer:
         self.latest = _manager(os.path.join(workdir, "checkpoints"), keep, use_async)
         self.best = _manager(os.path.join(workdir, "best"), 1, use_async)
 
-    def save(self, step: int, state: PyTree, meta: dict[str, Any], best: bool = False) -> None:
-        """Saves to ``latest`` (and to ``best`` when ``best``); ``meta`` must be JSON-able."""
+    def save(
+        self,
+        step: int,
+        state: PyTree,
+        meta: dict[str, Any],
+        best: bool = False,
+        latest: bool = True,
+    ) -> None:
+        """Saves to ``latest`` (unless ``latest=False``: that step is saved there already) and
+        to ``best`` when ``best``; ``meta`` must be JSON-able."""
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
-        self.latest.save(step, args=args, force=True)
+        if latest:
+            self.latest.save(step, args=args, force=True)
         if best:
             self.best.save(step, args=args, force=True)
 

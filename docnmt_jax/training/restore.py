@@ -3,13 +3,11 @@
 A workdir holds ``config.json``, ``spm.model`` (unless ``config.data.tokenizer`` names one),
 ``checkpoints/<step>`` and ``best/<step>``; :func:`load_translator` rebuilds the model from the
 config and restores only its parameters from the chosen checkpoint (onto a device mesh if
-asked: :func:`shard_translator` runs the search there).
+asked: the Translator then searches there).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import os
 from collections.abc import Mapping
@@ -23,8 +21,9 @@ import numpy as np
 from docnmt_jax import parallel
 from docnmt_jax.data.schema import dummy_batch
 from docnmt_jax.data.tokenizer import Tokenizer, load_tokenizer
-from docnmt_jax.decoding.translator import SearchConfig, Translator
-from docnmt_jax.models import build_task
+from docnmt_jax.decoding.search import SearchConfig
+from docnmt_jax.decoding.translator import Translator
+from docnmt_jax.models import Model, build_model
 from docnmt_jax.training import checkpoints
 
 
@@ -68,9 +67,17 @@ def checkpoint_step_dir(workdir: str, which: str) -> tuple[str, int]:
     )
 
 
-def load_params(task: Any, workdir: str, which: str) -> tuple[Any, int]:
-    """Parameters of ``task`` restored from ``which`` checkpoint of ``workdir``, and its step."""
-    template = nn.meta.unbox(task.init(jax.random.PRNGKey(0), dummy_batch())["params"])
+def load_model(workdir: str) -> tuple[Model, Tokenizer, ml_collections.ConfigDict]:
+    """The model of the run in ``workdir`` (from its ``config.json``), its tokenizer and
+    config."""
+    config = load_config(workdir)
+    tokenizer = load_run_tokenizer(config, workdir)
+    return build_model(config.model, tokenizer.vocab_size), tokenizer, config
+
+
+def load_params(model: Model, workdir: str, which: str) -> tuple[Any, int]:
+    """Parameters of ``model`` restored from ``which`` checkpoint of ``workdir``, and its step."""
+    template = nn.meta.unbox(model.init(jax.random.PRNGKey(0), dummy_batch())["params"])
     step_dir, step = checkpoint_step_dir(workdir, which)
     params, _ = checkpoints.init_params_from(step_dir, template)
     return jax.tree_util.tree_map(np.asarray, params), step
@@ -85,43 +92,20 @@ def load_translator(
 ) -> tuple[Translator, int]:
     """A :class:`Translator` for the run in ``workdir`` and the checkpoint step it uses; with
     ``mesh`` (``config.mesh``-style sizes) it searches on that device mesh."""
-    config = load_config(workdir)
-    tokenizer = load_run_tokenizer(config, workdir)
-    task = build_task(config.model, tokenizer.vocab_size)
-    params, step = load_params(task, workdir, which)
+    model, tokenizer, config = load_model(workdir)
+    params, step = load_params(model, workdir, which)
+    layout = None
+    if mesh is not None:
+        layout = parallel.Layout(parallel.make_mesh(mesh))
+        boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), dummy_batch())["params"]
+        params = jax.device_put(params, layout.param_shardings(boxed))
     translator = Translator(
-        task,
+        model,
         params,
         tokenizer,
         search,
         batch_tokens=batch_tokens,
         max_sentences=config.data.max_sentences,
+        mesh=layout,
     )
-    if mesh is not None:
-        layout = parallel.Layout(parallel.make_mesh(mesh))
-        boxed = jax.eval_shape(task.init, jax.random.PRNGKey(0), dummy_batch())["params"]
-        shardings = layout.param_shardings(boxed)
-        translator.params = jax.device_put(params, shardings)
-        shard_translator(translator, layout, shardings)
     return translator, step
-
-
-def shard_translator(translator: Translator, layout: parallel.Layout, params_sharding: Any) -> None:
-    """Makes ``translator`` search on the mesh: batch rows split over ``data x fsdp`` (every
-    process translates the same batches), parameters as ``params_sharding``, ids replicated."""
-    translator.pipeline_config = dataclasses.replace(
-        translator.pipeline_config, batch_multiple=layout.batch_shards
-    )
-    search = functools.partial(translator.task.translate_batch, search=translator.search)
-
-    def body(params: Any, batch: dict[str, jax.Array]) -> Any:
-        with layout.activate():
-            return search(params, batch)
-
-    jitted = jax.jit(
-        body, in_shardings=(params_sharding, layout.batch), out_shardings=layout.replicated
-    )
-    # The Translator calls ``_translate_batch(params, host_batch)``; replaced by the mesh version.
-    translator._translate_batch = lambda params, batch: jitted(
-        params, parallel.replicated_batch(batch, layout.batch)
-    )

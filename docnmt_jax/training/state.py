@@ -18,14 +18,40 @@ import optax
 from docnmt_jax import parallel
 from docnmt_jax.data.schema import dummy_batch
 from docnmt_jax.parallel import Layout
+from docnmt_jax.training import optim
 
 PyTree = Any
 
 
-def state_shardings(task: Any, tx: optax.GradientTransformation, layout: Layout) -> PyTree:
+def build_optimizer_state(
+    model: Any, config: Any, layout: Layout, note: Any = print
+) -> tuple[PyTree, PyTree, optax.GradientTransformation, optax.Schedule]:
+    """The optimiser of ``config.train`` for ``model`` (``train.freeze`` applied, the counts of
+    trainable and frozen parameters reported through ``note``), the train state's shardings
+    and its abstract form: ``(shardings, abstract, tx, schedule)``."""
+    tcfg = config.train
+    boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), dummy_batch())["params"]
+    labels = optim.freeze_labels(nn.meta.unbox(boxed), tcfg.get("freeze", ()))
+    counts = optim.count_by_label(nn.meta.unbox(boxed), labels)
+    note(
+        f"parameters: {counts[optim.TRAINABLE]:,} trainable, {counts[optim.FROZEN]:,} frozen"
+        + (f" (train.freeze={tcfg.freeze!r})" if counts[optim.FROZEN] else "")
+    )
+    tx, schedule = optim.make_optimizer(
+        config.model.d_model,
+        tcfg.warmup_steps,
+        tcfg.lr_scale,
+        clip_norm=tcfg.clip_norm or None,
+        labels=labels,
+    )
+    shardings = state_shardings(model, tx, layout)
+    return shardings, abstract_state(model, tx, shardings), tx, schedule
+
+
+def state_shardings(model: Any, tx: optax.GradientTransformation, layout: Layout) -> PyTree:
     """Shardings of the train state: parameters by their logical axes, the optimiser state
     like the parameters it mirrors, the step replicated."""
-    boxed = jax.eval_shape(task.init, jax.random.PRNGKey(0), dummy_batch())["params"]
+    boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), dummy_batch())["params"]
     params = layout.param_shardings(boxed)
     opt_state = jax.eval_shape(tx.init, nn.meta.unbox(boxed))
     return {
@@ -35,11 +61,11 @@ def state_shardings(task: Any, tx: optax.GradientTransformation, layout: Layout)
     }
 
 
-def abstract_state(task: Any, tx: optax.GradientTransformation, shardings: PyTree) -> PyTree:
+def abstract_state(model: Any, tx: optax.GradientTransformation, shardings: PyTree) -> PyTree:
     """``jax.ShapeDtypeStruct`` leaves of the train state with ``shardings`` (restore target)."""
 
     def init() -> PyTree:
-        return _fresh(tx, nn.meta.unbox(task.init(jax.random.PRNGKey(0), dummy_batch())["params"]))
+        return _fresh(tx, nn.meta.unbox(model.init(jax.random.PRNGKey(0), dummy_batch())["params"]))
 
     return parallel.abstract(jax.eval_shape(init), shardings)
 
@@ -49,7 +75,7 @@ def _fresh(tx: optax.GradientTransformation, params: PyTree) -> PyTree:
 
 
 def init_state(
-    task: Any,
+    model: Any,
     tx: optax.GradientTransformation,
     shardings: PyTree,
     seed: int,
@@ -62,7 +88,7 @@ def init_state(
         return jax.jit(lambda p: _fresh(tx, p), out_shardings=shardings)(params)
 
     def init() -> PyTree:  # the parameters do not depend on the batch's values or size
-        variables = task.init(jax.random.PRNGKey(seed), dummy_batch())
+        variables = model.init(jax.random.PRNGKey(seed), dummy_batch())
         return _fresh(tx, nn.meta.unbox(variables["params"]))
 
     return jax.jit(init, out_shardings=shardings)()

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -38,11 +39,15 @@ from docnmt_jax import parallel
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data import readers
 from docnmt_jax.data.documents import Document
+from docnmt_jax.data.schema import dummy_batch
 from docnmt_jax.data.tokenizer import Tokenizer, get_or_train_tokenizer, load_tokenizer
-from docnmt_jax.decoding.translator import SearchConfig, Translator
+from docnmt_jax.decoding.search import SearchConfig
+from docnmt_jax.decoding.translator import Translator
 from docnmt_jax.evaluation.metrics import score_documents
-from docnmt_jax.models import build_task
-from docnmt_jax.training import checkpoints, losses, optim, restore
+from docnmt_jax.models import Metric, Model, build_model
+from docnmt_jax.models.base import reduce_metrics
+from docnmt_jax.objectives import Objective, build_objective
+from docnmt_jax.training import checkpoints
 from docnmt_jax.training import state as train_state
 
 PyTree = Any
@@ -74,10 +79,15 @@ def load_documents(data_cfg: ml_collections.ConfigDict, split: str) -> list[Docu
 
 
 def pipeline_config(
-    data_cfg: ml_collections.ConfigDict, seed: int, train: bool, batch_multiple: int = 1
+    data_cfg: ml_collections.ConfigDict,
+    seed: int,
+    train: bool,
+    sentence_level: bool,
+    batch_multiple: int = 1,
 ) -> pipeline_lib.PipelineConfig:
     """The pipeline settings for training (shuffled, endless) or evaluation (one padded pass);
-    batch rows are a multiple of ``batch_multiple`` (the mesh's data-parallel size)."""
+    ``sentence_level`` from the model's layout; batch rows are a multiple of
+    ``batch_multiple`` (the mesh's data-parallel size)."""
     budget = data_cfg.eval_batch_tokens
     return pipeline_lib.PipelineConfig(
         max_sentences=data_cfg.max_sentences,
@@ -85,7 +95,7 @@ def pipeline_config(
         max_tgt_len=data_cfg.max_tgt_len,
         batch_src_tokens=data_cfg.batch_src_tokens if train else budget,
         batch_tgt_tokens=data_cfg.batch_tgt_tokens if train else budget,
-        sentence_level=data_cfg.sentence_level,
+        sentence_level=sentence_level,
         shuffle=train,
         seed=seed,
         num_epochs=None if train else 1,
@@ -117,15 +127,16 @@ def get_tokenizer(
 
 
 def make_steps(
-    task: Any,
+    objective: Objective,
     tx: Any,
     schedule: Any,
-    smoothing: float,
     seed: int,
     layout: parallel.Layout | None = None,
     shardings: PyTree | None = None,
 ):
-    """The jitted ``train_step(state, batch) -> (state, metrics)`` and ``eval_step``.
+    """The jitted ``train_step(state, batch) -> (state, metrics)`` and ``eval_step(params,
+    batch) -> metrics``; the loss and its metrics are the objective's (:class:`Metric` sums,
+    plus the learning rate and gradient norm of the step).
 
     With a ``layout`` and the state's ``shardings`` both are compiled for the mesh: batch rows
     split over ``data x fsdp``, state as ``shardings``, metrics replicated, the models'
@@ -134,27 +145,29 @@ def make_steps(
     base_key = jax.random.PRNGKey(seed)
     active = layout.activate if layout is not None else contextlib.nullcontext
 
-    def train_step(state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, jax.Array]]:
+    def train_step(state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Metric]]:
         with active():
             return _train_step(state, batch)
 
-    def eval_step(params: PyTree, batch: PyTree) -> dict[str, jax.Array]:
+    def eval_step(params: PyTree, batch: PyTree) -> dict[str, Metric]:
         with active():
-            logits, targets, mask = task.logits(params, batch, None, False)
-            return losses.masked_loss_sums(logits, targets, mask, smoothing)
+            return objective.loss(params, batch, None, False)[1]
 
-    def _train_step(state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, jax.Array]]:
+    def _train_step(state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Metric]]:
         dropout_rng = jax.random.fold_in(base_key, state["step"])
 
-        def loss_fn(params: PyTree) -> tuple[jax.Array, dict[str, jax.Array]]:
-            logits, targets, mask = task.logits(params, batch, dropout_rng, True)
-            sums = losses.masked_loss_sums(logits, targets, mask, smoothing)
-            return sums["loss"] / jnp.maximum(sums["tokens"], 1.0), sums
+        def loss_fn(params: PyTree) -> tuple[jax.Array, dict[str, Metric]]:
+            return objective.loss(params, batch, dropout_rng, True)
 
-        grads, sums = jax.grad(loss_fn, has_aux=True)(state["params"])
+        grads, metrics = jax.grad(loss_fn, has_aux=True)(state["params"])
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = jax.tree_util.tree_map(jnp.add, state["params"], updates)
-        metrics = dict(sums, lr=schedule(state["step"]), grad_norm=optax_global_norm(grads))
+        one = jnp.ones(())
+        metrics = dict(
+            metrics,
+            lr=Metric(schedule(state["step"]), one),
+            grad_norm=Metric(optax_global_norm(grads), one),
+        )
         return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
 
     if layout is None:
@@ -176,50 +189,66 @@ def optax_global_norm(tree: PyTree) -> jax.Array:
     return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves))
 
 
-def evaluate_loss(eval_step: Callable, params: PyTree, batches: Iterator[dict]) -> dict[str, float]:
-    """Dev loss (label-smoothed, per token), NLL per token and perplexity over all batches."""
-    totals: dict[str, Any] = {}
+def add_metrics(total: dict[str, Metric], new: dict[str, Metric]) -> dict[str, Metric]:
+    """Element-wise sum of two metric dicts (the first may be empty)."""
+    return dict(new) if not total else {k: total[k] + new[k] for k in total}
+
+
+def evaluate_metrics(
+    eval_step: Callable, params: PyTree, batches: Iterator[dict]
+) -> dict[str, float]:
+    """The objective's metrics summed over every dev batch, as ``dev_<name>``."""
+    totals: dict[str, Metric] = {}
     for batch in batches:
-        sums = eval_step(params, batch)
-        totals = sums if not totals else jax.tree_util.tree_map(jnp.add, totals, sums)
+        totals = add_metrics(totals, eval_step(params, batch))
     if not totals:
         raise ValueError("the dev set produced no batch")
-    totals = jax.device_get(totals)
-    tokens = max(float(totals["tokens"]), 1.0)
-    nll = float(totals["nll"]) / tokens
-    return {
-        "dev_loss": float(totals["loss"]) / tokens,
-        "dev_nll": nll,
-        "dev_ppl": math.exp(min(nll, 50.0)),
-        "dev_tokens": tokens,
-    }
+    return {f"dev_{name}": value for name, value in reduce_metrics(totals).items()}
+
+
+def metric_names(objective: Objective) -> list[str]:
+    """The names of the metrics ``objective.loss`` returns (traced, nothing computed)."""
+    model = objective.model
+    params = jax.eval_shape(model.init, jax.random.PRNGKey(0), dummy_batch())["params"]
+    params = nn.meta.unbox(params)
+    batch = dummy_batch(sentences=1 if model.layout.sentence_level else 2)
+    _, metrics = jax.eval_shape(lambda p: objective.loss(p, batch, None, False), params)
+    return sorted(metrics)
 
 
 def make_bleu_hook(
-    task: Any,
+    model: Model,
     tokenizer: Tokenizer,
     documents: list[Document],
     search: SearchConfig,
     batch_tokens: int,
     max_sentences: int,
     layout: parallel.Layout | None = None,
-    params_sharding: PyTree | None = None,
+    output_dir: str | None = None,
 ) -> EvalHook:
     """Dev s-BLEU / d-BLEU / chrF of the current parameters (sacreBLEU on detokenised text).
 
-    One :class:`Translator` lives across evaluations, so its jitted search compiles once; with
-    a ``layout`` it searches on the mesh (:func:`restore.shard_translator`).
+    One :class:`Translator` lives across evaluations, so its search compiles once; it is the
+    Translator ``translate.py`` uses (same compiled search, on the mesh of ``layout``). With
+    ``output_dir`` (process 0) the translations are written to ``output_dir/step_N.tsv``.
     """
     translator = Translator(
-        task, None, tokenizer, search, batch_tokens=batch_tokens, max_sentences=max_sentences
+        model,
+        None,
+        tokenizer,
+        search,
+        batch_tokens=batch_tokens,
+        max_sentences=max_sentences,
+        mesh=layout,
     )
-    if layout is not None:
-        restore.shard_translator(translator, layout, params_sharding)
     references = [list(doc.tgt) for doc in documents]
 
     def hook(params: PyTree, step: int) -> dict[str, float]:
         translator.params = params
         hyps = translator.translate(documents)
+        if output_dir is not None and jax.process_index() == 0:
+            os.makedirs(output_dir, exist_ok=True)
+            write_translations(os.path.join(output_dir, f"step_{step}.tsv"), documents, hyps)
         scores = score_documents(hyps, references)
         return {
             "dev_bleu": scores["s_bleu"]["score"],
@@ -228,6 +257,18 @@ def make_bleu_hook(
         }
 
     return hook
+
+
+def write_translations(path: str, documents: list[Document], hyps: list[list[str]]) -> None:
+    """``doc_id<TAB>hyp`` with a header, one row per sentence (``translate.py``'s format),
+    written to a temporary file and renamed."""
+    tmp = path + ".partial"
+    with open(tmp, "w", encoding="utf-8", newline="\n") as out:
+        out.write("doc_id\thyp\n")
+        for doc, doc_hyps in zip(documents, hyps, strict=True):
+            for hyp in doc_hyps:
+                out.write(f"{doc.doc_id}\t{hyp.replace(chr(9), ' ')}\n")
+    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,14 +371,6 @@ def train_and_evaluate(
     every step's training loss (synchronising each step; for tests).
     """
     tcfg = config.train
-    known = {"dev_loss", "dev_nll", "dev_ppl"} | (
-        {"dev_bleu", "dev_dbleu", "dev_chrf"} if tcfg.get("dev_bleu", False) else set()
-    )
-    if tcfg.best_metric not in known and not eval_hooks:
-        raise ValueError(
-            f"config.train.best_metric={tcfg.best_metric!r} is never computed; choose one of "
-            f"{sorted(known)} (BLEU metrics need config.train.dev_bleu=True)"
-        )
     if tcfg.best_mode not in ("min", "max"):
         raise ValueError(f"config.train.best_mode must be min or max, got {tcfg.best_mode!r}")
     os.makedirs(workdir, exist_ok=True)
@@ -351,28 +384,38 @@ def train_and_evaluate(
     train_docs = load_documents(config.data, "train")
     dev_docs = load_documents(config.data, "dev")
     tokenizer = get_tokenizer(config, workdir, train_docs)
+    model = build_model(config.model, tokenizer.vocab_size, tcfg.label_smoothing)
+    objective = build_objective(config.get("objective", {}), model)
+    known = {f"dev_{name}" for name in metric_names(objective)} | (
+        {"dev_bleu", "dev_dbleu", "dev_chrf"} if tcfg.get("dev_bleu", False) else set()
+    )
+    if tcfg.best_metric not in known and not eval_hooks:
+        raise ValueError(
+            f"config.train.best_metric={tcfg.best_metric!r} is never computed; choose one of "
+            f"{sorted(known)} (BLEU metrics need config.train.dev_bleu=True)"
+        )
     encode = tokenizer.encode_batch
 
     def plan(docs: list[Document], train: bool) -> pipeline_lib.BatchPlan:
-        cfg = pipeline_config(config.data, tcfg.seed, train, batch_multiple=layout.batch_shards)
+        cfg = pipeline_config(
+            config.data,
+            tcfg.seed,
+            train,
+            model.layout.sentence_level,
+            batch_multiple=layout.batch_shards,
+        )
         return pipeline_lib.plan_batches(docs, encode, cfg)
 
     train_plan, dev_plan = plan(train_docs, True), plan(dev_docs, False)
     runlog.note(
         f"data: {len(train_docs)} train / {len(dev_docs)} dev documents, "
         f"{train_plan.batches_per_epoch} train batches per epoch, "
-        f"{len(train_plan.local_shapes)} train batch shapes"
+        f"{len(train_plan.local_shapes)} train batch shapes ({model.layout.value})"
     )
 
-    task = build_task(config.model, tokenizer.vocab_size)
-    tx, schedule = optim.make_optimizer(
-        config.model.d_model,
-        tcfg.warmup_steps,
-        tcfg.lr_scale,
-        clip_norm=tcfg.clip_norm or None,
+    shardings, abstract, tx, schedule = train_state.build_optimizer_state(
+        model, config, layout, runlog.note
     )
-    shardings = train_state.state_shardings(task, tx, layout)
-    abstract = train_state.abstract_state(task, tx, shardings)
     num_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(abstract["params"]))
 
     ckpt = checkpoints.Checkpointer(workdir, keep=tcfg.keep_checkpoints)
@@ -383,7 +426,7 @@ def train_and_evaluate(
         best_value = meta.get("best_value")
         runlog.note(f"resumed from step {meta['step']} (data position {meta['data_step']})")
     else:
-        state = train_state.init_state(task, tx, shardings, tcfg.seed)
+        state = train_state.init_state(model, tx, shardings, tcfg.seed)
     if restored is None and config.init_from:
         params, report = checkpoints.init_params_from(
             config.init_from,
@@ -395,43 +438,41 @@ def train_and_evaluate(
             f"init_from {config.init_from}: {len(report['loaded'])} parameters loaded, "
             f"{len(report['new'])} new, {len(report['unused'])} unused"
         )
-        state = train_state.init_state(task, tx, shardings, tcfg.seed, params)
+        state = train_state.init_state(model, tx, shardings, tcfg.seed, params)
     start = int(state["step"])
     runlog.note(
-        f"model {config.model.name}: {num_params:,} parameters; mesh {dict(layout.mesh.shape)} "
-        f"over {jax.device_count()} devices, {jax.process_count()} processes; "
-        f"starting at step {start}"
+        f"model {model.name} (objective {objective.name}): {num_params:,} parameters; mesh "
+        f"{dict(layout.mesh.shape)} over {jax.device_count()} devices, "
+        f"{jax.process_count()} processes; starting at step {start}"
     )
 
-    train_step, eval_step = make_steps(
-        task, tx, schedule, tcfg.label_smoothing, tcfg.seed, layout, shardings
-    )
+    train_step, eval_step = make_steps(objective, tx, schedule, tcfg.seed, layout, shardings)
     if tcfg.get("dev_bleu", False):
         eval_hooks = (
             *eval_hooks,
             make_bleu_hook(
-                task,
+                model,
                 tokenizer,
                 dev_docs,
                 SearchConfig(beam_size=tcfg.dev_bleu_beam, alpha=tcfg.dev_bleu_alpha),
                 config.data.eval_batch_tokens,
                 config.data.max_sentences,
                 layout,
-                shardings["params"],
+                os.path.join(workdir, "dev_translations"),
             ),
         )
     dataset = pipeline_lib.make_dataset(train_plan, start_step=start).as_numpy_iterator()
 
     def run_eval(step: int) -> dict[str, float]:
         batches = pipeline_lib.numpy_batches(dev_plan)
-        metrics = evaluate_loss(
+        metrics = evaluate_metrics(
             eval_step, state["params"], (parallel.global_batch(b, layout.batch) for b in batches)
         )
         for hook in eval_hooks:
             metrics.update(hook(state["params"], step))
         return metrics
 
-    def save(step: int, dev: dict[str, float] | None) -> None:
+    def save(step: int, dev: dict[str, float] | None, latest: bool = True) -> None:
         nonlocal best_value
         is_best = False
         if dev is not None and tcfg.best_metric in dev:
@@ -446,14 +487,14 @@ def train_and_evaluate(
             "best_value": best_value,
             "config": json.loads(config.to_json_best_effort()),
         }
-        ckpt.save(step, state, meta, best=is_best)
+        ckpt.save(step, state, meta, best=is_best, latest=latest)
 
     deadline = (
         time.monotonic() + 60 * tcfg.time_budget_minutes if tcfg.time_budget_minutes else None
     )
     step = start
     step_losses: list[float] = []
-    window: dict[str, Any] = {}
+    window: dict[str, Metric] = {}
     window_steps, window_start = 0, time.monotonic()
     dev: dict[str, float] = {}
     stopped_by = "num_steps"
@@ -468,26 +509,19 @@ def train_and_evaluate(
             state, metrics = train_step(state, parallel.global_batch(next(dataset), layout.batch))
             step += 1
             window_steps += 1
-            window = metrics if not window else jax.tree_util.tree_map(jnp.add, window, metrics)
+            window = add_metrics(window, metrics)
             if record_losses:
-                m = jax.device_get(metrics)
-                step_losses.append(float(m["loss"]) / max(float(m["tokens"]), 1.0))
+                step_losses.append(reduce_metrics({"loss": metrics["loss"]})["loss"])
             if step % tcfg.log_every == 0 or step == tcfg.num_steps:
-                w = jax.device_get(window)
-                n = window_steps
+                values = reduce_metrics(window)
                 elapsed = time.monotonic() - window_start
-                values = {
-                    "loss": float(w["loss"]) / max(float(w["tokens"]), 1.0),
-                    "nll": float(w["nll"]) / max(float(w["tokens"]), 1.0),
-                    "lr": float(w["lr"]) / n,
-                    "grad_norm": float(w["grad_norm"]) / n,
-                    "tokens_per_s": float(w["tokens"]) / max(elapsed, 1e-9),
-                }
+                if "tokens" in values:
+                    values["tokens_per_s"] = values["tokens"] / max(elapsed, 1e-9)
                 runlog.write(step, values, prefix="train/")
                 bar.set_postfix(
-                    loss=f"{values['loss']:.3f}",
+                    loss=f"{values.get('loss', float('nan')):.3f}",
                     lr=f"{values['lr']:.2e}",
-                    tok_s=f"{values['tokens_per_s']:.0f}",
+                    tok_s=f"{values.get('tokens_per_s', 0.0):.0f}",
                 )
                 window, window_steps = {}, 0
                 window_start = time.monotonic()
@@ -502,7 +536,8 @@ def train_and_evaluate(
     if step != start and (step % tcfg.eval_every != 0):
         dev = run_eval(step)
         runlog.write(step, dev)
-        save(step, dev)
+        # A checkpoint of this step may exist already (checkpoint_every divides it).
+        save(step, dev, latest=step % tcfg.checkpoint_every != 0)
     ckpt.wait()
     ckpt.close()
     runlog.note(

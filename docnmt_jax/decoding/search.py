@@ -1,0 +1,241 @@
+"""Search drivers shared by every model: settings, output limits, per-row and slot-by-slot search.
+
+Models describe their decoder with flax methods (``encode``, ``init_cache``, ``decode_inputs``,
+``decode_step``) and call the drivers here; only this module calls
+:func:`~docnmt_jax.decoding.beam_search.beam_search`.
+
+* :func:`search_rows`: one output sequence per row (a sentence, or a packed chunk). The cache
+  comes from the module's own ``init_cache``; the per-example ``extra`` (cross-attention
+  keys/values, masks, memory) is computed once and shared by the beams.
+* Slot-by-slot search (models of layout ``SEQUENTIAL_CHUNKS``, e.g. FINAL): the sentences of
+  a chunk are searched in order; sentence ``k`` of every chunk is searched with a per-example
+  *memory* taken from the chosen hypothesis of sentence ``k-1`` (:func:`memory_from_best`:
+  its decoder cache, kept by the search, with a mask of its real tokens). A model provides two
+  hooks, ``search_inputs(params, batch, search) -> (slots, memory)`` (leaves of ``slots``
+  ``[S, B, ...]``) and ``search_slot(params, memory, slot, search) -> BeamResult``;
+  :func:`scan_slots` is the pure, jit-able form, :func:`compile_translate` the compiled one.
+* :func:`compile_translate`: the one compiled ``(params, host batch) -> (ids, aux)`` that the
+  Translator runs, for ``translate.py`` and dev BLEU alike, on one device or a mesh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from docnmt_jax import parallel
+from docnmt_jax.data.tokenizer import PAD_ID
+from docnmt_jax.decoding.beam_search import BeamResult, beam_search
+
+Array = jax.Array
+PyTree = Any
+TranslateFn = Callable[[PyTree, dict[str, Any]], tuple[Array, dict[str, Array]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+    """Beam search settings; the papers decode with beam 5 and length penalty 0.6.
+
+    A sentence's output is limited to ``min(max_len, floor(len_a * source_tokens + len_b))``
+    tokens including EOS.
+    """
+
+    beam_size: int = 5
+    alpha: float = 0.6
+    len_a: float = 1.5
+    len_b: int = 10
+    max_len: int = 256
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise ValueError(f"beam size must be >= 1, got {self.beam_size}")
+        if self.max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {self.max_len}")
+
+    def output_len(self, source_len: int) -> int:
+        """Static output length of a batch whose source sentences have ``source_len`` slots."""
+        return int(max(1, min(self.max_len, np.floor(self.len_a * source_len + self.len_b))))
+
+
+def source_length_limits(src_mask: Array, len_a: float, len_b: float, max_len: int) -> Array:
+    """Per-example output limits ``clip(floor(len_a * source_tokens + len_b), 1, max_len)``."""
+    src_len = jnp.sum(src_mask > 0, axis=-1).astype(jnp.float32)
+    return jnp.clip(jnp.floor(len_a * src_len + len_b), 1, max_len).astype(jnp.int32)
+
+
+def sentence_limits(src_mask: Array, search: SearchConfig) -> tuple[int, Array]:
+    """(static output length, per-sentence limits shaped like ``src_mask[..., 0]``) of
+    sentences ``src_mask [..., T]`` searched one per row."""
+    max_len = search.output_len(src_mask.shape[-1])
+    rows = src_mask.reshape((-1, src_mask.shape[-1]))
+    limits = source_length_limits(rows, search.len_a, search.len_b, max_len)
+    return max_len, limits.reshape(src_mask.shape[:-1])
+
+
+def search_decoder(
+    module: nn.Module,
+    variables: PyTree,
+    extra: dict[str, Any],
+    search: SearchConfig,
+    max_len: int,
+    max_lengths: Array,
+    **options: Any,
+) -> BeamResult:
+    """Beam search of ``module.decode_step`` from the module's own empty cache
+    (``module.init_cache(rows, max_len)``), one row per row of ``extra`` (its
+    ``decode_inputs``, holding ``src_mask``); ``options`` go to ``beam_search`` (e.g.
+    ``keep_best_cache``, ``allow_bos``)."""
+
+    def step_fn(cache: PyTree, tokens: Array, extra: dict[str, Any]) -> tuple[Array, PyTree]:
+        return module.apply(variables, cache, tokens, extra, method=module.decode_step)
+
+    rows = extra["src_mask"].shape[0]
+    cache = module.apply(variables, rows, max_len, method=module.init_cache)
+    return beam_search(
+        step_fn,
+        cache,
+        extra,
+        beam_size=search.beam_size,
+        alpha=search.alpha,
+        max_len=max_len,
+        max_lengths=max_lengths,
+        **options,
+    )
+
+
+def search_rows(
+    module: nn.Module,
+    params: PyTree,
+    src: Array,
+    src_mask: Array,
+    search: SearchConfig,
+    max_len: int,
+    max_lengths: Array,
+    **options: Any,
+) -> BeamResult:
+    """Encodes ``src [N, Ts]`` once and beam-searches every row: the cache holds the decoder's
+    self-attention keys/values (reordered with the beams); the per-example inputs
+    (``decode_inputs``: cross-attention keys/values) are never tiled or reordered."""
+    variables = {"params": params}
+    encoded = module.apply(variables, src, src_mask, method=module.encode)
+    extra = module.apply(variables, encoded, src_mask, method=module.decode_inputs)
+    return search_decoder(module, variables, extra, search, max_len, max_lengths, **options)
+
+
+def encode_in_groups(
+    module: nn.Module, variables: PyTree, src: Array, src_mask: Array, max_tokens: int = 2048
+) -> Array:
+    """``module.encode`` of chunks ``src [B, S, T]``; on CPU in groups of chunks of at most
+    ``max_tokens`` source slots (``lax.map``), whose activations stay in the CPU caches: at
+    the batch sizes of sequential decoding this encodes ~1.6x faster (BUILD_NOTES.md,
+    Performance). Accelerators encode the whole batch in one call."""
+    B, S, T = src.shape
+    groups = next((g for g in range(1, B + 1) if B % g == 0 and (B // g) * S * T <= max_tokens), B)
+    if groups == 1 or jax.default_backend() != "cpu":
+        return module.apply(variables, src, src_mask, method=module.encode)
+    shape = (groups, B // groups, S, T)
+    encoded = jax.lax.map(
+        lambda xs: module.apply(variables, xs[0], xs[1], method=module.encode),
+        (src.reshape(shape), src_mask.reshape(shape)),
+    )
+    return encoded.reshape((B,) + encoded.shape[2:])
+
+
+# ------------------------------------------------------------------------- slot-by-slot search
+
+
+def memory_from_best(result: BeamResult) -> dict[str, Array]:
+    """The memory for the next sentence: the cache of each example's chosen hypothesis (the
+    decoder states of its inputs BOS, y_1 .. y_{n-1}, kept by the search) and ``mask [B, L]``
+    over its ``n`` real positions. Equal to a teacher-forced pass over the chosen
+    translation (tests/test_final.py) without recomputing it."""
+    max_len = result.sequences.shape[-1]
+    mask = jnp.arange(max_len)[None] < result.lengths[:, :1]
+    memory = {"mask": mask.astype(jnp.int32)}
+    memory.update({k: v for k, v in result.best_cache.items() if k != "index"})
+    return memory
+
+
+def pad_empty_sentences(ids: Array, src_mask: Array) -> Array:
+    """PAD rows for the padding sentences (no source token) of ids ``[B, S, L]``."""
+    real = jnp.any(src_mask > 0, axis=-1)[..., None]
+    return jnp.where(real, ids, PAD_ID)
+
+
+def _slot_step(
+    model: Any, params: PyTree, memory: PyTree, slot: PyTree, search: SearchConfig
+) -> tuple[PyTree, Array]:
+    result = model.search_slot(params, memory, slot, search)
+    return memory_from_best(result), result.sequences[:, 0]
+
+
+def scan_slots(
+    model: Any, params: PyTree, batch: dict[str, Array], search: SearchConfig
+) -> tuple[Array, dict[str, Array]]:
+    """Slot-by-slot search as one pure, jit-able function (``lax.scan`` over the ``S``
+    slots): ``(ids [B, S, L], {})``, padding sentences PAD."""
+    slots, memory = model.search_inputs(params, batch, search)
+    _, ids = jax.lax.scan(lambda m, s: _slot_step(model, params, m, s, search), memory, slots)
+    return pad_empty_sentences(ids.swapaxes(0, 1), batch["src_mask"]), {}
+
+
+def _loop_slots(model: Any, search: SearchConfig, jit: Callable[..., Any]) -> TranslateFn:
+    """:func:`scan_slots` as a Python loop of one jitted search per slot, dispatched
+    asynchronously (no host synchronisation between slots). On XLA:CPU the search loop nested
+    in the scan ran 7% slower than the same searches as separate executions (BUILD_NOTES.md,
+    Performance); three compilations per batch shape instead of one."""
+    prepare = jit(functools.partial(model.search_inputs, search=search))
+
+    def slot_fn(params: PyTree, memory: PyTree, slots: PyTree, k: Array) -> Any:
+        slot = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, k, 0, False), slots)
+        return _slot_step(model, params, memory, slot, search)
+
+    search_slot = jit(slot_fn, donate_argnums=1)
+    finish = jit(lambda ids, src_mask: pad_empty_sentences(jnp.stack(ids, 1), src_mask), out=True)
+
+    def translate(params: PyTree, batch: dict[str, Any]) -> tuple[Array, dict[str, Array]]:
+        slots, memory = prepare(params, batch)
+        ids = []
+        for k in range(batch["src"].shape[1]):
+            memory, ids_k = search_slot(params, memory, slots, np.int32(k))
+            ids.append(ids_k)
+        return finish(ids, batch["src_mask"]), {}
+
+    return translate
+
+
+def compile_translate(
+    model: Any, search: SearchConfig, mesh: parallel.Layout | None = None
+) -> TranslateFn:
+    """The compiled ``(params, batch) -> (ids [B, S, L], aux)`` of ``model``: its pure
+    ``translate`` under one ``jax.jit``, or for slot-by-slot models (``model.layout``) a loop
+    of jitted slot searches. With a ``mesh`` the host batch is placed with its rows split over
+    ``data x fsdp`` (every process holds the same batch), the models' activation constraints
+    are active, and the outputs come back replicated; the parameters must already carry their
+    shardings."""
+    active = mesh.activate if mesh is not None else contextlib.nullcontext
+
+    def jit(fn: Callable[..., Any], out: bool = False, **kwargs: Any) -> Callable[..., Any]:
+        def body(*args: Any) -> Any:
+            with active():
+                return fn(*args)
+
+        if out and mesh is not None:
+            kwargs["out_shardings"] = mesh.replicated
+        return jax.jit(body, **kwargs)
+
+    if model.layout.sequential:
+        translate = _loop_slots(model, search, jit)
+    else:
+        translate = jit(functools.partial(model.translate, search=search), out=True)
+    if mesh is None:
+        return translate
+    return lambda params, batch: translate(params, parallel.replicated_batch(batch, mesh.batch))

@@ -1,0 +1,338 @@
+"""The one declared model interface, the base class that implements most of it, the registry.
+
+Every model (one module per paper) is a :class:`BaseModel` subclass registered with
+:func:`register`; the trainer, the translator, the contrastive scorer and the launch scripts
+see only the :class:`Model` protocol:
+
+* ``layout`` (:class:`BatchLayout`): how batch rows are built and decoded -- one sentence per
+  row, whole chunks translated at once, or chunks translated slot by slot with a target
+  memory. It drives both the training pipeline (``data.sentence_level`` is derived from it)
+  and the translator.
+* ``init(rng, batch)``: initial variables, parameters boxed with logical axis names.
+* ``loss(params, batch, rng, train) -> (loss, metrics)``: what the trainer differentiates
+  (label-smoothed cross-entropy per target token by default); ``metrics`` maps names to
+  :class:`Metric` sums that the trainer accumulates, logs and evaluates without knowing them.
+* ``score(params, batch) -> [B, S]``: log-likelihood of every target sentence (teacher forced,
+  with the model's context), for contrastive evaluation and forced choice.
+* ``with_random_context(batch, rng)``: the batch with every sentence's context taken from
+  other rows (Jean & Cho 2019); sentence models raise :class:`ModelError`.
+* ``translate(params, batch, search) -> (ids [B, S, L], aux)``: pure, jit-able search; models
+  of the slot-by-slot layout implement the hooks ``search_inputs``/``search_slot`` instead
+  (:mod:`docnmt_jax.decoding.search`).
+
+:class:`BaseModel` provides ``init``, the train/eval flax modules (``deterministic`` False /
+True), the forward pass, ``loss`` and ``score`` through one hook, :meth:`BaseModel.rows`:
+the module's ``(src, src_mask, tgt, tgt_mask)`` inputs built from a pipeline batch, whose
+targets are the loss targets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from docnmt_jax.training import losses
+
+Array = jax.Array
+PyTree = Any
+Batch = dict[str, Array]
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+class ModelError(ValueError):
+    """A user's mistake in the model configuration or its use (one-line message)."""
+
+
+class BatchLayout(enum.Enum):
+    """How a model's batch rows are built and decoded."""
+
+    SENTENCES = "sentences"  # one sentence per row (pipeline chunks of one sentence)
+    CHUNKS = "chunks"  # chunks of up to S sentences; all sentences translated at once
+    SEQUENTIAL_CHUNKS = "sequential_chunks"  # chunks; translated slot by slot with a memory
+
+    @property
+    def sentence_level(self) -> bool:
+        """Whether the pipeline cuts documents into one-sentence chunks."""
+        return self is BatchLayout.SENTENCES
+
+    @property
+    def sequential(self) -> bool:
+        """Whether a chunk's sentences are searched one after another (the translation budget
+        then counts one sentence per chunk, :class:`~docnmt_jax.data.pipeline.PipelineConfig`)."""
+        return self is BatchLayout.SEQUENTIAL_CHUNKS
+
+
+@struct.dataclass
+class Metric:
+    """A metric as sums: ``total`` and ``weight`` add up over steps, batches and devices.
+
+    Reported as ``total / weight`` (``reduce="mean"``), ``exp(total / weight)`` (``"exp_mean"``,
+    e.g. perplexity from the NLL sum) or ``total`` (``"sum"``, e.g. token counts).
+    """
+
+    total: Array
+    weight: Array
+    reduce: str = struct.field(pytree_node=False, default="mean")
+
+    def __add__(self, other: Metric) -> Metric:
+        return Metric(self.total + other.total, self.weight + other.weight, self.reduce)
+
+    def value(self) -> float:
+        total, weight = float(self.total), max(float(self.weight), 1e-12)
+        if self.reduce == "sum":
+            return total
+        if self.reduce == "exp_mean":
+            return float(jnp.exp(min(total / weight, 50.0)))
+        return total / weight
+
+
+Metrics = dict[str, Metric]
+
+
+def reduce_metrics(metrics: Mapping[str, Metric]) -> dict[str, float]:
+    """Host values of accumulated metrics (:meth:`Metric.value`)."""
+    return {name: metric.value() for name, metric in jax.device_get(dict(metrics)).items()}
+
+
+def token_metrics(logits: Array, targets: Array, mask: Array, smoothing: float) -> Metrics:
+    """The label-smoothed loss, NLL, perplexity and token count of a batch as :class:`Metric`."""
+    sums = losses.masked_loss_sums(logits, targets, mask, smoothing)
+    tokens = sums["tokens"]
+    return {
+        "loss": Metric(sums["loss"], tokens),
+        "nll": Metric(sums["nll"], tokens),
+        "ppl": Metric(sums["nll"], tokens, "exp_mean"),
+        "tokens": Metric(tokens, jnp.ones(()), "sum"),
+    }
+
+
+@runtime_checkable
+class Model(Protocol):
+    """What the trainer, the translator and the evaluation code use of a model."""
+
+    name: ClassVar[str]
+    layout: ClassVar[BatchLayout]
+    config: Any
+
+    def init(self, rng: Array, batch: Batch) -> PyTree: ...
+
+    def loss(
+        self, params: PyTree, batch: Batch, rng: Array | None, train: bool
+    ) -> tuple[Array, Metrics]: ...
+
+    def score(self, params: PyTree, batch: Batch) -> Array: ...
+
+    def with_random_context(self, batch: Batch, rng: Array) -> Batch: ...
+
+    def translate(
+        self, params: PyTree, batch: Batch, search: Any
+    ) -> tuple[Array, dict[str, Array]]: ...
+
+
+class BaseModel:
+    """Implements :class:`Model` for a flax module ``module_class(config)`` whose
+    ``__call__(src, src_mask, tgt, tgt_mask)`` returns logits ``[..., T, V]`` for the targets
+    of :meth:`rows`. Subclasses set ``module_class`` and ``layout`` and implement
+    ``translate`` (or the slot-search hooks); :func:`register` sets ``name`` and
+    ``config_class``."""
+
+    name: ClassVar[str] = ""
+    config_class: ClassVar[type] = object
+    layout: ClassVar[BatchLayout] = BatchLayout.SENTENCES
+    module_class: ClassVar[type[nn.Module]]
+
+    def __init__(self, config: Any, label_smoothing: float = 0.0):
+        self.config = config
+        self.label_smoothing = label_smoothing
+        self.train_module = self.module_class(dataclasses.replace(config, deterministic=False))
+        self.eval_module = self.module_class(dataclasses.replace(config, deterministic=True))
+
+    # Hook --------------------------------------------------------------------------------
+
+    def rows(self, batch: Batch) -> Batch:
+        """The module's inputs ``src, src_mask, tgt, tgt_mask`` from a pipeline batch
+        ``[B, S, T]``; default: the batch as it is (document models)."""
+        return {key: batch[key] for key in ("src", "src_mask", "tgt", "tgt_mask")}
+
+    # Interface ---------------------------------------------------------------------------
+
+    def init(self, rng: Array, batch: Batch) -> PyTree:
+        rows = self.rows(batch)
+        return self.eval_module.init(
+            rng, rows["src"], rows["src_mask"], rows["tgt"], rows["tgt_mask"]
+        )
+
+    def forward(
+        self, params: PyTree, batch: Batch, rng: Array | None, train: bool
+    ) -> tuple[Array, Array, Array]:
+        """(logits ``[N, T, V]``, targets ``[N, T]``, target mask ``[N, T]``), one row per
+        target sequence of :meth:`rows`."""
+        rows = self.rows(batch)
+        module = self.train_module if train else self.eval_module
+        logits = module.apply(
+            {"params": params},
+            rows["src"],
+            rows["src_mask"],
+            rows["tgt"],
+            rows["tgt_mask"],
+            rngs={"dropout": rng} if train else {},
+        )
+        T = rows["tgt"].shape[-1]
+        return (
+            logits.reshape((-1, T, logits.shape[-1])),
+            rows["tgt"].reshape((-1, T)),
+            rows["tgt_mask"].reshape((-1, T)),
+        )
+
+    def loss(
+        self, params: PyTree, batch: Batch, rng: Array | None, train: bool
+    ) -> tuple[Array, Metrics]:
+        """Label-smoothed cross-entropy per real target token, and :func:`token_metrics`."""
+        logits, targets, mask = self.forward(params, batch, rng, train)
+        metrics = token_metrics(logits, targets, mask, self.label_smoothing)
+        loss = metrics["loss"].total / jnp.maximum(metrics["loss"].weight, 1.0)
+        return loss, metrics
+
+    def score(self, params: PyTree, batch: Batch) -> Array:
+        """``log p(y_k | x, context) [B, S]``, summed over each sentence's tokens (0 for
+        padding sentences); default: one row of :meth:`forward` per sentence."""
+        logits, targets, mask = self.forward(params, batch, None, False)
+        per_row = sequence_log_likelihood(logits, targets, mask)
+        return per_row.reshape(batch["src"].shape[:2])
+
+    def with_random_context(self, batch: Batch, rng: Array) -> Batch:
+        if self.layout.sentence_level:
+            raise ModelError(
+                f"model {self.name!r} translates sentences alone: it has no context to replace"
+            )
+        return random_context_batch(batch, rng)
+
+    def translate(
+        self, params: PyTree, batch: Batch, search: Any
+    ) -> tuple[Array, dict[str, Array]]:
+        """Pure, jit-able search; slot-by-slot models get it from their search hooks."""
+        if self.layout.sequential:
+            from docnmt_jax.decoding.search import scan_slots
+
+            return scan_slots(self, params, batch, search)
+        raise NotImplementedError(f"{type(self).__name__} must implement translate")
+
+
+def sequence_log_likelihood(logits: Array, targets: Array, mask: Array) -> Array:
+    """``sum_t mask * log softmax(logits)[target]`` per row of ``logits [N, T, V]``."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    token = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return jnp.sum(token * mask, axis=-1)
+
+
+def random_context_batch(batch: Batch, rng: Array) -> Batch:
+    """Every sentence with its context taken from other rows (Jean & Cho 2019, Sec. 4.3).
+
+    Sentence slot ``k`` of row ``b`` receives the sentence of slot ``k`` of row
+    ``(b + shift_k) mod B``: each slot's column is rotated by its own random shift, so the
+    sentences that share a row (its context) come from different input rows (different
+    documents, when those rows are) -- distinct shifts for every slot when ``B >= S``. Every
+    sentence keeps its slot and appears exactly once; ``origin_row [B, S]`` says which input
+    row it came from (to compare its score with the true-context score). Row-level features
+    (``doc_index`` ...) stay as they were.
+    """
+    B, S = batch["src"].shape[:2]
+    if B >= S:
+        shifts = jax.random.permutation(rng, B)[:S]
+    else:
+        shifts = jax.random.randint(rng, (S,), 0, B)
+    origin = (jnp.arange(B)[:, None] + shifts[None, :]) % B  # [B, S]
+    slots = jnp.arange(S)[None, :]
+    out = dict(batch)
+    for key, value in batch.items():
+        if value.ndim >= 2 and value.shape[:2] == (B, S):
+            out[key] = value[origin, slots]
+    out["origin_row"] = origin.astype(jnp.int32)
+    return out
+
+
+# ------------------------------------------------------------------------------- registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    """A registered model: its class, its config dataclass and its FLOP counter
+    (``flops(config, shape) -> {term: FLOPs}`` of one forward pass, :mod:`docnmt_jax.flops`)."""
+
+    name: str
+    model_class: type[BaseModel]
+    config_class: type
+    flops: Callable[[Any, Any], dict[str, int]] | None
+
+
+_REGISTRY: dict[str, Registration] = {}
+
+
+def register(
+    name: str, *, config: type, flops: Callable[[Any, Any], dict[str, int]] | None = None
+) -> Callable[[type[BaseModel]], type[BaseModel]]:
+    """Class decorator: makes the model buildable as ``config.model.name = name``."""
+
+    def decorate(cls: type[BaseModel]) -> type[BaseModel]:
+        old = _REGISTRY.get(name)
+        if old is not None and old.model_class.__qualname__ != cls.__qualname__:
+            raise ValueError(f"model name {name!r} is already registered by {old.model_class}")
+        cls.name = name
+        cls.config_class = config
+        _REGISTRY[name] = Registration(name, cls, config, flops)
+        return cls
+
+    return decorate
+
+
+def registered() -> dict[str, Registration]:
+    """Every registered model by name (importing :mod:`docnmt_jax.models` registers ours)."""
+    return dict(_REGISTRY)
+
+
+def registration(name: str) -> Registration:
+    if name not in _REGISTRY:
+        raise ModelError(
+            f"config.model.name: unknown model {name!r}; registered: {sorted(_REGISTRY)}"
+        )
+    return _REGISTRY[name]
+
+
+def dataclass_from_mapping(cls: type, values: Mapping[str, Any], where: str) -> Any:
+    """Builds frozen config ``cls`` from ``values``, naming unknown keys and dtype strings."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - fields - {"name"})
+    if unknown:
+        raise ModelError(
+            f"{where}: unknown keys {unknown} for {cls.__name__}; known: {sorted(fields)}"
+        )
+    kwargs = {k: v for k, v in values.items() if k in fields}
+    for key in ("dtype", "param_dtype"):
+        if isinstance(kwargs.get(key), str):
+            if kwargs[key] not in DTYPES:
+                raise ModelError(f"{where}.{key}: {kwargs[key]!r} is not one of {sorted(DTYPES)}")
+            kwargs[key] = DTYPES[kwargs[key]]
+    try:
+        return cls(**kwargs)
+    except ValueError as e:
+        raise ModelError(f"{where}: {e}") from None
+
+
+def build_model(
+    model_config: Mapping[str, Any], vocab_size: int, label_smoothing: float = 0.0
+) -> BaseModel:
+    """The model ``model_config['name']`` (default ``transformer``) with the tokenizer's
+    vocabulary size; ``label_smoothing`` is its loss's epsilon."""
+    values = dict(model_config)
+    entry = registration(values.get("name", "transformer"))
+    values["vocab_size"] = vocab_size
+    config = dataclass_from_mapping(entry.config_class, values, "config.model")
+    return entry.model_class(config, label_smoothing=label_smoothing)

@@ -1,0 +1,24 @@
+"""Learning algorithms as objectives of their own, chosen by ``config.objective.name``.
+
+An :class:`~docnmt_jax.objectives.base.Objective` wraps a model's ``loss`` (e.g. adds a second
+forward pass with random context and a margin term, Jean & Cho 2019) and is checked against
+the model when the run is built. The trainer calls only ``objective.loss``. Registered here:
+``maximum_likelihood`` (the model's own loss, the default).
+"""
+
+from docnmt_jax.objectives import maximum_likelihood  # noqa: F401  (registration)
+from docnmt_jax.objectives.base import (
+    Objective,
+    ObjectiveError,
+    build_objective,
+    register_objective,
+    registered_objectives,
+)
+
+__all__ = [
+    "Objective",
+    "ObjectiveError",
+    "build_objective",
+    "register_objective",
+    "registered_objectives",
+]

@@ -1,0 +1,93 @@
+"""The objective interface and its registry.
+
+``Objective(model, options)``: ``check(model)`` raises :class:`ObjectiveError` (one line) when
+the objective cannot train that model (e.g. a context objective on a sentence model);
+``loss(params, batch, rng, train) -> (loss, metrics)`` is what the trainer differentiates and
+logs, with the model's metric convention (:class:`~docnmt_jax.models.base.Metric`).
+``options`` are the other keys of ``config.objective``; each objective declares its own in a
+frozen dataclass ``options_class`` so that an unknown key is an error naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import jax
+
+from docnmt_jax.models.base import Metrics, Model, ModelError
+
+Array = jax.Array
+PyTree = Any
+
+
+class ObjectiveError(ModelError):
+    """A user's mistake in ``config.objective`` (one-line message)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NoOptions:
+    """An objective without options."""
+
+
+class Objective:
+    """Base objective: the model's own loss. Subclasses override :meth:`loss` (and
+    :meth:`check`, :attr:`options_class`)."""
+
+    name: ClassVar[str] = ""
+    options_class: ClassVar[type] = NoOptions
+
+    def __init__(self, model: Model, options: Any = None):
+        self.model = model
+        self.options = options if options is not None else self.options_class()
+        self.check(model)
+
+    def check(self, model: Model) -> None:
+        """Raises :class:`ObjectiveError` when this objective cannot train ``model``."""
+
+    def loss(
+        self, params: PyTree, batch: dict[str, Array], rng: Array | None, train: bool
+    ) -> tuple[Array, Metrics]:
+        return self.model.loss(params, batch, rng, train)
+
+
+_OBJECTIVES: dict[str, type[Objective]] = {}
+
+
+def register_objective(name: str) -> Callable[[type[Objective]], type[Objective]]:
+    """Class decorator: makes the objective selectable as ``config.objective.name = name``."""
+
+    def decorate(cls: type[Objective]) -> type[Objective]:
+        old = _OBJECTIVES.get(name)
+        if old is not None and old.__qualname__ != cls.__qualname__:
+            raise ValueError(f"objective name {name!r} is already registered by {old}")
+        cls.name = name
+        _OBJECTIVES[name] = cls
+        return cls
+
+    return decorate
+
+
+def registered_objectives() -> dict[str, type[Objective]]:
+    return dict(_OBJECTIVES)
+
+
+def build_objective(objective_config: Mapping[str, Any] | None, model: Model) -> Objective:
+    """The objective ``objective_config['name']`` (default ``maximum_likelihood``) for
+    ``model``, its other keys as the objective's options."""
+    values = dict(objective_config or {})
+    name = values.pop("name", "maximum_likelihood")
+    if name not in _OBJECTIVES:
+        raise ObjectiveError(
+            f"config.objective.name: unknown objective {name!r}; registered: {sorted(_OBJECTIVES)}"
+        )
+    cls = _OBJECTIVES[name]
+    fields = {f.name for f in dataclasses.fields(cls.options_class)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ObjectiveError(
+            f"config.objective: unknown keys {unknown} for objective {name!r}; known: "
+            f"{sorted(fields)}"
+        )
+    return cls(model, cls.options_class(**values))
