@@ -185,16 +185,37 @@ def check_process_rows(layout: Layout) -> None:
         )
 
 
+# ``jax.distributed`` timeouts, in seconds, sized for a loaded machine (JAX's defaults: 300 to
+# connect, 100 without a heartbeat, 300 at the shutdown barrier). At exit every process waits
+# at the coordination service's shutdown barrier, and the barrier fails when the last process
+# arrives more than the shutdown timeout after the first: the service then reports an error to
+# every process and each aborts (SIGABRT, "Shutdown barrier has failed ... # of tasks that
+# reached the barrier: 1/2"), even a straggler that is still working correctly. After the last
+# collective each process finishes its own work unsynchronised (logs and TensorBoard, result
+# files, freeing the input pipeline, then the interpreter's teardown before JAX's atexit
+# handler), and on a busy 2-core machine one process can stall for tens of seconds at a time.
+# :func:`shutdown_distributed` makes the arrivals simultaneous; these timeouts give the rest
+# of the run the same slack. A process that really dies is still found by its heartbeats.
+INIT_TIMEOUT_S = 600
+HEARTBEAT_TIMEOUT_S = 300
+SHUTDOWN_TIMEOUT_S = 900
+
+
 def init_distributed(
     coordinator_address: str | None = None,
     num_processes: int | None = None,
     process_id: int | None = None,
     auto: bool = False,
+    initialization_timeout: int = INIT_TIMEOUT_S,
+    heartbeat_timeout_seconds: int = HEARTBEAT_TIMEOUT_S,
+    shutdown_timeout_seconds: int = SHUTDOWN_TIMEOUT_S,
 ) -> None:
     """``jax.distributed.initialize`` from explicit values (or JAX's ``JAX_COORDINATOR_ADDRESS``
     environment), or with ``auto`` from the cluster (TPU pod, SLURM, Open MPI, Kubernetes).
 
-    A no-op when none is given and ``auto`` is False (single-process training).
+    A no-op when none is given and ``auto`` is False (single-process training). The timeouts
+    default to values sized for loaded machines (see :data:`SHUTDOWN_TIMEOUT_S`); end the
+    program with :func:`shutdown_distributed`.
     """
     if not auto and coordinator_address is None and num_processes is None and process_id is None:
         return
@@ -202,4 +223,25 @@ def init_distributed(
         coordinator_address=coordinator_address,
         num_processes=num_processes,
         process_id=process_id,
+        initialization_timeout=initialization_timeout,
+        heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+        shutdown_timeout_seconds=shutdown_timeout_seconds,
     )
+
+
+def shutdown_distributed(timeout_s: int = SHUTDOWN_TIMEOUT_S) -> None:
+    """Ends a multi-process program in step; call it on every process after its last work.
+
+    Each process waits at a barrier of the coordination service until every process has
+    finished its own work (up to ``timeout_s``; a straggler beyond it raises here, with the
+    barrier's message, instead of aborting in the exit handler), then all leave
+    ``jax.distributed`` together, so its shutdown barrier sees them arrive at once. Without
+    this, JAX shuts down in its ``atexit`` handler, after each process's unsynchronised
+    teardown. A no-op without ``jax.distributed``.
+    """
+    if not jax.distributed.is_initialized():
+        return
+    from jax._src import distributed  # the client's barrier (Orbax's barriers use it too)
+
+    distributed.global_state.client.wait_at_barrier("docnmt_jax:end", timeout_s * 1000)
+    jax.distributed.shutdown()
