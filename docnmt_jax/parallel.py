@@ -131,16 +131,38 @@ class Layout:
     def opt_state_shardings(
         self, tx: optax.GradientTransformation, opt_state: PyTree, params: PyTree
     ) -> PyTree:
-        """Optimiser-state shardings: parameter-shaped parts follow ``params``, scalars are
-        replicated."""
-        return optax.tree_map_params(
-            tx,
-            lambda _, sharding: sharding,
-            opt_state,
-            params,
-            transform_non_params=lambda _: self.replicated,
-            is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
+        """Optimiser-state shardings: a leaf whose key path ends with a parameter's path (Adam's
+        ``mu``/``nu`` mirror the parameter tree) follows that parameter's sharding; the rest
+        (step counts) is replicated. Matching by path, not by ``optax.tree_map_params``, also
+        covers states of partly frozen parameters (``optax.multi_transform``), whose masked
+        entries are empty ``MaskedNode``s."""
+        del tx  # the state's own structure says where the parameters are
+        by_path = {
+            key_names(path): sharding
+            for path, sharding in jax.tree_util.tree_flatten_with_path(params)[0]
+        }
+
+        def sharding(path: tuple[Any, ...], leaf: Any) -> NamedSharding:
+            keys = key_names(path)
+            for start in range(len(keys)):  # the longest suffix that is a parameter path
+                if keys[start:] in by_path:
+                    return by_path[keys[start:]]
+            return self.replicated
+
+        return jax.tree_util.tree_map_with_path(
+            sharding, opt_state, is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct)
         )
+
+
+def key_names(path: tuple[Any, ...]) -> tuple[str, ...]:
+    """The names along a pytree key path (dict keys, attribute names, sequence indices)."""
+    names = []
+    for key in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(key, attr):
+                names.append(str(getattr(key, attr)))
+                break
+    return tuple(names)
 
 
 def abstract(tree: PyTree, shardings: PyTree) -> PyTree:

@@ -69,8 +69,8 @@ class ToyModule(nn.Module):
     def __call__(self, src, src_mask, tgt, tgt_mask):
         return self._logits(layers.shift_right(tgt, BOS_ID), self.encode(src, src_mask))
 
-    def init_cache(self, batch, max_len):
-        return {"index": jnp.zeros((), jnp.int32)}
+    def init_cache(self, batch, max_len):  # no state but the step count of every row
+        return {"steps": jnp.zeros((batch,), jnp.int32)}
 
     def decode_inputs(self, encoded, src_mask):
         return {"src_mask": src_mask, "context": encoded}
@@ -78,7 +78,7 @@ class ToyModule(nn.Module):
     def decode_step(self, cache, token, extra):
         context = jnp.repeat(extra["context"], token.shape[0] // extra["context"].shape[0], 0)
         logits = self._logits(token[:, None], context)[:, 0]
-        return logits, {"index": cache["index"] + 1}
+        return logits, {"steps": cache["steps"] + 1}
 
 
 @register("toy_bag_of_words", config=ToyConfig)

@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 from docnmt_jax.models.base import ModelError
+from docnmt_jax.parallel import key_names
 
 PyTree = Any
 TRAINABLE, FROZEN = "trainable", "frozen"
@@ -27,15 +28,7 @@ TRAINABLE, FROZEN = "trainable", "frozen"
 
 def parameter_path(path: tuple[Any, ...]) -> str:
     """``a/b/c`` of a pytree key path (dict keys, sequence indices, attributes)."""
-    parts = []
-    for key in path:
-        for attr in ("key", "idx", "name"):
-            if hasattr(key, attr):
-                parts.append(str(getattr(key, attr)))
-                break
-        else:
-            parts.append(str(key))
-    return "/".join(parts)
+    return "/".join(key_names(path))
 
 
 def freeze_labels(params: PyTree, patterns: Sequence[str] | str) -> PyTree:
