@@ -111,6 +111,7 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     dev = " ".join(f"{k}={v:.4f}" for k, v in sorted(result.dev_metrics.items()))
     print(f"step {result.step} ({result.stopped_by}): {dev}")
+    parallel.shutdown_distributed()  # all processes leave jax.distributed together
 
 
 if __name__ == "__main__":

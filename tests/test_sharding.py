@@ -13,6 +13,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
 
 import flax.linen as nn
 import jax
@@ -45,7 +46,12 @@ def _config(data_dir, model, num_steps, mesh=(-1, 1, 1), tokenizer="", bleu=Fals
 
 
 def _start(tmp_path, spec, name, processes=1):
-    """Starts the worker (``processes`` of it, each told its id); :func:`_finish` collects."""
+    """Starts the worker (``processes`` of it, each told its id); :func:`_finish` collects.
+
+    Each worker writes its output to ``NAME_PID.log``, not to a pipe: a pipe that nobody reads
+    while the test waits for the other worker fills up and blocks its writer short of the
+    barrier the other worker waits at.
+    """
     procs = []
     for pid in range(processes):
         if processes > 1:
@@ -54,22 +60,34 @@ def _start(tmp_path, spec, name, processes=1):
         path.write_text(json.dumps(spec))
         out = tmp_path / f"{name}.json"
         command = [sys.executable, WORKER, str(path), str(out)]
-        procs.append(
-            subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        )
+        log = tmp_path / f"{name}_{pid}.log"
+        with open(log, "wb") as f:
+            proc = subprocess.Popen(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+        procs.append((proc, log))
     return procs, out
 
 
 def _finish(started, timeout):
-    """The results of workers from :func:`_start`, or their output's tail if one failed."""
+    """The results of workers from :func:`_start`; if one failed, every worker's output tail
+    (a worker often fails because another one did)."""
     procs, out = started
+    deadline = time.monotonic() + timeout
     try:
-        logs = [proc.communicate(timeout=timeout)[0] for proc in procs]
+        for proc, _ in procs:
+            proc.wait(timeout=max(deadline - time.monotonic(), 1))
+    except subprocess.TimeoutExpired:
+        pass
     finally:
-        for proc in procs:
+        for proc, _ in procs:
             proc.kill()
-    for proc, log in zip(procs, logs, strict=True):
-        assert proc.returncode == 0, log.decode()[-4000:]
+            proc.wait()
+    if any(proc.returncode != 0 for proc, _ in procs):
+        tails = [
+            f"--- worker {pid}: exit code {proc.returncode}\n"
+            + log.read_text(errors="replace")[-3000:]
+            for pid, (proc, log) in enumerate(procs)
+        ]
+        pytest.fail(f"worker failed or ran over {timeout} s\n" + "\n".join(tails))
     return json.loads(out.read_text())
 
 
@@ -201,14 +219,13 @@ def test_two_processes_match_one_process(one_device, synthetic_dir, tokenizer, t
         "distributed": {
             "coordinator_address": f"127.0.0.1:{_free_port()}",
             "num_processes": 2,
-            "process_id": 0,
-            "initialization_timeout": 120,
+            "process_id": 0,  # parallel.init_distributed's timeouts: sized for a loaded machine
         },
         "runs": [{"config": config.to_dict(), "workdir": str(tmp_path / "run")}],
     }
     started = _start(tmp_path, spec, "two_processes", processes=2)
     reference = one_device("transformer")
-    (result,) = _finish(started, timeout=600)
+    (result,) = _finish(started, timeout=1200)
     np.testing.assert_allclose(result["losses"], reference.losses[:4], rtol=1e-5, atol=1e-5)
     log = (tmp_path / "run" / "train.log").read_text()
     assert "over 4 devices, 2 processes" in log
