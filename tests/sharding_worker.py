@@ -6,7 +6,9 @@ the tests run this script: ``python tests/sharding_worker.py SPEC.json OUT.json`
 arguments of ``parallel.init_distributed``), ``runs`` (``{"config": dict, "workdir": str}``,
 trained in order with ``record_losses``) and ``restores`` (``{"workdir", "config", "npz"}``:
 the latest checkpoint of ``workdir`` restored onto ``config``'s mesh, parameters saved to
-``npz``). ``OUT``: per run its losses and dev metrics (written by process 0). A distributed
+``npz``) and ``saves`` (``{"workdir", "steps"}``: a small global array saved to ``latest`` and
+``best`` together at each of ``steps`` steps, as a run that improves at every evaluation does).
+``OUT``: per run its losses and dev metrics (written by process 0). A distributed
 worker ends with ``parallel.shutdown_distributed`` (all processes leave together).
 """
 
@@ -52,6 +54,19 @@ def restore_params(workdir: str, config: ml_collections.ConfigDict) -> dict[str,
     return {k: np.asarray(v) for k, v in flat.items()}
 
 
+def save_latest_and_best(workdir: str, steps: int) -> None:
+    """Saves one global array to ``latest`` and ``best`` at every step (see ``saves``)."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    rows = np.arange(len(jax.devices()) * 4, dtype=np.float32).reshape(-1, 4)
+    state = {"w": jax.make_array_from_callback(rows.shape, sharding, lambda index: rows[index])}
+    ckpt = checkpoints.Checkpointer(workdir, keep=2)
+    for step in range(1, steps + 1):
+        ckpt.save(step, state, {"step": step}, best=True)
+    ckpt.wait()
+    ckpt.close()
+
+
 def main() -> None:
     if "distributed" in SPEC:
         parallel.init_distributed(**SPEC["distributed"])
@@ -63,6 +78,8 @@ def main() -> None:
     for item in SPEC.get("restores", []):
         params = restore_params(item["workdir"], ml_collections.ConfigDict(item["config"]))
         np.savez(item["npz"], **params)
+    for item in SPEC.get("saves", []):
+        save_latest_and_best(item["workdir"], item["steps"])
     if jax.process_index() == 0:
         with open(sys.argv[2], "w", encoding="utf-8") as f:
             json.dump(results, f)

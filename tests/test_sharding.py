@@ -234,6 +234,24 @@ def test_two_processes_match_one_process(one_device, synthetic_dir, tokenizer, t
     assert all(np.isfinite(v).all() for v in restored.values())
 
 
+def test_two_processes_save_latest_and_best_at_the_same_step(tmp_path):
+    """Regression: the ``latest`` and ``best`` managers once shared Orbax's barrier key, so a
+    ``best`` save beside the ``latest`` one's background finalisation aborted both processes
+    ("barrier ... already ongoing") or hung them until the barrier timeout."""
+    spec = {
+        "devices": 1,
+        "distributed": {
+            "coordinator_address": f"127.0.0.1:{_free_port()}",
+            "num_processes": 2,
+            "process_id": 0,
+        },
+        "saves": [{"workdir": str(tmp_path / "run"), "steps": 20}],
+    }
+    _finish(_start(tmp_path, spec, "saves", processes=2), timeout=900)
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["19", "20"]
+    assert os.listdir(tmp_path / "run" / "best") == ["20"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Launch recipes.
 

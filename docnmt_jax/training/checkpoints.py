@@ -24,9 +24,17 @@ from flax import traverse_util
 PyTree = Any
 
 
-def _manager(directory: str, keep: int, use_async: bool) -> ocp.CheckpointManager:
+def _manager(directory: str, keep: int, use_async: bool, name: str) -> ocp.CheckpointManager:
+    """A manager whose multi-process barriers carry ``name``: Orbax keys the barrier of its
+    save-progress flag by a fixed string, so two managers of one process without their own
+    prefix meet at the same barrier from two threads and abort ("barrier ... already ongoing")."""
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, enable_async_checkpointing=use_async, create=True
+        max_to_keep=keep,
+        enable_async_checkpointing=use_async,
+        create=True,
+        multiprocessing_options=ocp.options.MultiprocessingOptions(
+            barrier_sync_key_prefix=f"docnmt_{name}"
+        ),
     )
     return ocp.CheckpointManager(
         os.path.abspath(directory), options=options, item_names=("state", "meta")
@@ -41,8 +49,8 @@ class Checkpointer:
     """The ``latest`` and ``best`` checkpoint managers of one workdir."""
 
     def __init__(self, workdir: str, keep: int = 3, use_async: bool = True):
-        self.latest = _manager(os.path.join(workdir, "checkpoints"), keep, use_async)
-        self.best = _manager(os.path.join(workdir, "best"), 1, use_async)
+        self.latest = _manager(os.path.join(workdir, "checkpoints"), keep, use_async, "latest")
+        self.best = _manager(os.path.join(workdir, "best"), 1, use_async, "best")
 
     def save(
         self,
@@ -53,11 +61,17 @@ class Checkpointer:
         latest: bool = True,
     ) -> None:
         """Saves to ``latest`` (unless ``latest=False``: that step is saved there already) and
-        to ``best`` when ``best``; ``meta`` must be JSON-able."""
+        to ``best`` when ``best``; ``meta`` must be JSON-able.
+
+        The two saves never run at once: the ``best`` save waits for the ``latest`` one to
+        finish, since JAX collectives (Orbax's barriers among them) must not run concurrently
+        from two threads of one process.
+        """
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         if latest:
             self.latest.save(step, args=args, force=True)
         if best:
+            self.latest.wait_until_finished()
             self.best.save(step, args=args, force=True)
 
     def restore(self, which: str | int, target: PyTree) -> tuple[PyTree, dict[str, Any]] | None:
