@@ -42,7 +42,7 @@ demo: data
 
 test: venv
 	SWORD_OPTIONAL=1 bash launch/install_sword.sh
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=15
 
 test-slow: venv sword
 	$(BIN)/python -m pytest -q -ra -m slow
