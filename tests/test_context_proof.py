@@ -34,23 +34,24 @@ def fast_corpus(tmp_path_factory):
     return out
 
 
+# Half the default learning-rate scale: at 1.0 the tiny FINAL's dev loss spikes during warm-up
+# and whether it has found the antecedent by step 800 depends on the seed (0.62 and 0.70 seen);
+# at 0.5 it has in every data/training seed pair measured (BUILD_NOTES.md, "Does FINAL use the
+# context?").
+FAST_TRAINING = dict(context_proof.TINY, num_steps=800, lr_scale=0.5)
+
+
 def _run(name: str, data_dir: str, workdir: str) -> dict:
-    overrides = dict(context_proof.TINY, num_steps=800)
     config = context_proof.proof_config(
         load_config(os.path.join(ROOT, "configs", f"{name}.py")),
         data_dir,
-        **overrides,
+        **FAST_TRAINING,
     )
     return context_proof.run(config, workdir, contrastive_split="test")
 
 
-@pytest.mark.slow  # see the reason below; `make test-slow` runs it
+@pytest.mark.slow  # about 6 CPU minutes; `make test-slow` runs it
 def test_final_uses_context_and_the_sentence_model_cannot(fast_corpus, tmp_path):
-    """On this development/CI machine the 800-step tiny FINAL reaches only 0.62 forced-choice
-    accuracy (93/150), identically at commit 05c332a (before the issue-13 refactor) and after:
-    the setting sits on the edge of learning the context on this machine's numerics. Out of
-    the default suite until a robust setting (more steps or a faster schedule, checked over
-    seeds) is measured; the bars are not lowered."""
     labels = synthetic.read_labels(os.path.join(fast_corpus, "test.labels.jsonl"))
     chance = synthetic.chance_level(labels)
     assert abs(chance - 1 / 3) < 1e-9
