@@ -50,7 +50,7 @@ def _run(name: str, data_dir: str, workdir: str) -> dict:
     return context_proof.run(config, workdir, contrastive_split="test")
 
 
-@pytest.mark.slow  # about 6 CPU minutes; `make test-slow` runs it
+@pytest.mark.slow  # about 7 CPU minutes; `make test-slow` runs it
 def test_final_uses_context_and_the_sentence_model_cannot(fast_corpus, tmp_path):
     labels = synthetic.read_labels(os.path.join(fast_corpus, "test.labels.jsonl"))
     chance = synthetic.chance_level(labels)

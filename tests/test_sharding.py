@@ -18,6 +18,7 @@ import time
 import flax.linen as nn
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from conftest import ROOT, tiny_config, tiny_final_config
 from jax.sharding import PartitionSpec as P
@@ -250,6 +251,13 @@ def test_two_processes_save_latest_and_best_at_the_same_step(tmp_path):
     _finish(_start(tmp_path, spec, "saves", processes=2), timeout=900)
     assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["19", "20"]
     assert os.listdir(tmp_path / "run" / "best") == ["20"]
+    # Both processes' halves of the array made it to disk (known answer: 0..7 in two rows).
+    one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = {"w": jax.ShapeDtypeStruct((2, 4), np.float32, sharding=one_device)}
+    for kind, step in (("checkpoints", "20"), ("best", "20")):
+        path = tmp_path / "run" / kind / step / "state"
+        saved = ocp.StandardCheckpointer().restore(path, target)
+        np.testing.assert_array_equal(saved["w"], np.arange(8, dtype=np.float32).reshape(2, 4))
 
 
 # ---------------------------------------------------------------------------------------------
