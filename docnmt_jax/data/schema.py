@@ -14,6 +14,15 @@ Features (all int32; ``B`` chunks, ``S`` sentences per chunk, ``T`` tokens per s
 * ``doc_index`` [B]: index of the chunk's document; ``chunk_index`` [B]: chunk number within
   its document; ``sentence_offset`` [B]: index in its document of the chunk's first sentence.
   The pipeline sets these three to -1 on padding rows.
+
+Packed rows (:data:`PACKED_FEATURE_AXES`, docs/design/issue14_packing_plan.md §1): sentences
+laid one after another in rows ``[B, L]`` (one ``L`` for both sides), every feature int32 and 0
+on padding. Per side: ``{side}`` token ids (each sentence ends with EOS), ``{side}_mask``,
+``{side}_positions`` (inside the sentence), ``{side}_chunk_positions`` (inside the chunk,
+counting that side's real tokens only), ``{side}_segment_ids`` (1-based sentence number in the
+row, the same on both sides), ``{side}_chunk_ids`` (1-based chunk number in the row) and
+``{side}_sentence_index`` (0-based slot of the sentence in its chunk). :func:`pack_grid` is the
+one reference derivation of them from a grid batch.
 """
 
 from __future__ import annotations
@@ -120,3 +129,143 @@ def dummy_batch(
         rng = np.random.default_rng(0)
         src, tgt = (rng.integers(4, vocab_size, shape).astype(DTYPE) for _ in range(2))
     return batch_from_grids(src, tgt)
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed rows (docs/design/issue14_packing_plan.md §1).
+
+#: Packed feature name -> its axes (``B`` rows, ``L`` row length, the same on both sides).
+PACKED_FEATURE_AXES: dict[str, str] = {
+    f"{side}{suffix}": "BL"
+    for side in SIDES
+    for suffix in (
+        "",
+        "_mask",
+        "_positions",
+        "_chunk_positions",
+        "_segment_ids",
+        "_chunk_ids",
+        "_sentence_index",
+    )
+}
+PACKED_FEATURES: tuple[str, ...] = tuple(PACKED_FEATURE_AXES)
+
+
+def packed_side_features(side: str) -> tuple[str, ...]:
+    """Names of the packed features of ``side``, in :data:`PACKED_FEATURES` order."""
+    return tuple(k for k in PACKED_FEATURES if k == side or k.startswith(f"{side}_"))
+
+
+def is_packed(batch: Mapping[str, np.ndarray]) -> bool:
+    """Whether ``batch`` holds packed rows (:data:`PACKED_FEATURES`) rather than the grid."""
+    return "src_chunk_ids" in batch
+
+
+def check_packed_batch(batch: Mapping[str, np.ndarray]) -> None:
+    """Raises ValueError unless ``batch`` has exactly the packed features, each int32 ``[B, L]``
+    with one ``B`` and ``L`` shared by all of them."""
+    if set(batch) != set(PACKED_FEATURES):
+        raise ValueError(f"batch features {sorted(batch)} != packed {sorted(PACKED_FEATURES)}")
+    shape = batch["src"].shape
+    for name in PACKED_FEATURES:
+        value = batch[name]
+        if value.dtype != DTYPE or value.ndim != 2:
+            raise ValueError(f"{name}: {value.dtype} of rank {value.ndim}, expected int32 BL")
+        if value.shape != shape:
+            raise ValueError(f"{name}: shape {value.shape}, src has {shape}")
+
+
+def pack_grid(
+    batch: Mapping[str, np.ndarray],
+    row_len: int,
+    rows_of: list[list[int]] | None = None,
+    drift: int | None = None,
+    index_side: str = "tgt",
+) -> tuple[Batch, np.ndarray]:
+    """The packed rows of the chunks (rows ``b``) of a grid ``batch`` ``[B, S, T]``: the NumPy
+    reference derivation of :data:`PACKED_FEATURES`.
+
+    Packed row ``r`` holds the grid rows ``rows_of[r]`` (default: one grid row per packed
+    row), laid one after another, and in each chunk the sentences with a real source or target
+    token, in order. With ``drift=None`` each side is contiguous over the whole row (as in flax
+    packing: the sides are independent). With an int ``drift`` each chunk starts at the same
+    offset on both sides (the larger end of the previous chunk) and sentence ``k`` of a chunk
+    goes to ``o_s = max(e_s, e_t - drift)``, ``o_t = max(e_t, e_s - drift)`` (``e_*``: end of
+    sentence ``k - 1`` on that side, the chunk start for the first), so ``|o_s - o_t| <=
+    drift`` with gaps only where needed. Segment and chunk ids
+    count placed sentences and non-empty chunks of the row from 1; ``sentence_index`` is the
+    grid slot ``s``. Returns ``(packed, index)``, ``index`` [B', L, 3] int32 = the grid
+    ``(b, s, t)`` of the ``index_side`` token at each packed position (-1 on padding).
+    Raises ValueError when a row needs more than ``row_len`` slots.
+    """
+    if drift is not None and drift < 0:
+        raise ValueError(f"drift must be >= 0 or None, got {drift}")
+    if index_side not in SIDES:
+        raise ValueError(f"index_side must be one of {SIDES}, got {index_side!r}")
+    n_grid = batch["src"].shape[0]
+    rows_of = [[b] for b in range(n_grid)] if rows_of is None else rows_of
+    lengths = {side: np.asarray(batch[f"{side}_mask"]).sum(-1) for side in SIDES}  # [B, S]
+    out = {name: np.zeros((len(rows_of), row_len), DTYPE) for name in PACKED_FEATURES}
+    index = np.full((len(rows_of), row_len, 3), -1, DTYPE)
+    for r, grid_rows in enumerate(rows_of):
+        start = dict.fromkeys(SIDES, 0)
+        seg = chunk = 0
+        for b in grid_rows:
+            n_src, n_tgt = lengths["src"][b], lengths["tgt"][b]
+            placed = np.flatnonzero((n_src > 0) | (n_tgt > 0))
+            if not placed.size:
+                continue
+            chunk += 1
+            end = dict(start) if drift is None else dict.fromkeys(SIDES, max(start.values()))
+            chunk_pos = dict.fromkeys(SIDES, 0)
+            for s in placed.tolist():
+                seg += 1
+                if drift is None:
+                    off = dict(end)
+                else:
+                    off = {
+                        "src": max(end["src"], end["tgt"] - drift),
+                        "tgt": max(end["tgt"], end["src"] - drift),
+                    }
+                for side in SIDES:
+                    n = int(lengths[side][b, s])
+                    if off[side] + n > row_len:
+                        raise ValueError(
+                            f"packed row {r} needs more than row_len={row_len} slots on {side}"
+                        )
+                    p = slice(off[side], off[side] + n)
+                    i = np.arange(n, dtype=DTYPE)
+                    out[side][r, p] = np.asarray(batch[side])[b, s, :n]
+                    out[f"{side}_mask"][r, p] = 1
+                    out[f"{side}_positions"][r, p] = i
+                    out[f"{side}_chunk_positions"][r, p] = chunk_pos[side] + i
+                    out[f"{side}_segment_ids"][r, p] = seg
+                    out[f"{side}_chunk_ids"][r, p] = chunk
+                    out[f"{side}_sentence_index"][r, p] = s
+                    if side == index_side:
+                        index[r, p] = np.stack([np.full(n, b), np.full(n, s), i], axis=1)
+                    chunk_pos[side] += n
+                    end[side] = off[side] + n
+            start = end
+    return out, index
+
+
+def dummy_packed_batch(
+    row_len: int = 8, rows: int = 1, sentences_per_row: int = 1, vocab_size: int | None = None
+) -> Batch:
+    """Packed rows without padding: each row is one chunk of ``sentences_per_row`` sentences of
+    near-equal lengths, the same on both sides; token ids 4, or random ids below
+    ``vocab_size`` (seeded). For parameter structures and benchmarks."""
+    if not 1 <= sentences_per_row <= row_len:
+        raise ValueError(f"sentences_per_row must be in [1, {row_len}], got {sentences_per_row}")
+    per, extra = divmod(row_len, sentences_per_row)
+    lengths = np.full((rows, sentences_per_row), per)
+    lengths[:, :extra] += 1
+    shape = (rows, sentences_per_row, int(lengths.max()))
+    if vocab_size is None:
+        src = tgt = np.full(shape, 4, DTYPE)
+    else:
+        rng = np.random.default_rng(0)
+        src, tgt = (rng.integers(4, vocab_size, shape).astype(DTYPE) for _ in range(2))
+    grid = batch_from_grids(src, tgt, src_lengths=lengths, tgt_lengths=lengths)
+    return pack_grid(grid, row_len)[0]

@@ -23,6 +23,37 @@ logger = logging.getLogger(__name__)
 # Configuration and statistics.
 
 
+PACKING_UNITS: tuple[str, ...] = ("sentence", "chunk")
+
+
+@dataclasses.dataclass(frozen=True)
+class PackingConfig:
+    """Packed rows (docs/design/issue14_packing_plan.md §2.1): the items are sentences or chunks
+    (``unit``), packed into rows of ``row_tokens * 2**i`` slots for ``i < max_shapes``;
+    ``drift`` None keeps each side contiguous over the row, an int aligns each chunk's start on
+    both sides and keeps a sentence's source and target offsets within ``drift`` slots."""
+
+    unit: str = "sentence"
+    row_tokens: int = 128
+    drift: int | None = None
+    max_shapes: int = 4
+
+    def __post_init__(self) -> None:
+        if self.unit not in PACKING_UNITS:
+            raise ValueError(f"PackingConfig.unit must be in {PACKING_UNITS}, got {self.unit!r}")
+        if self.row_tokens < 1:
+            raise ValueError(f"PackingConfig.row_tokens must be >= 1, got {self.row_tokens}")
+        if self.drift is not None and self.drift < 0:
+            raise ValueError(f"PackingConfig.drift must be >= 0 or None, got {self.drift}")
+        if self.max_shapes < 1:
+            raise ValueError(f"PackingConfig.max_shapes must be >= 1, got {self.max_shapes}")
+
+    @property
+    def row_lengths(self) -> tuple[int, ...]:
+        """Row lengths ``L_i = row_tokens * 2**i``, ``i < max_shapes``."""
+        return tuple(self.row_tokens * 2**i for i in range(self.max_shapes))
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
     """Chunking, bucketing, batching and ordering of the document pipeline."""
@@ -45,6 +76,8 @@ class PipelineConfig:
     # The consumer works on one sentence of every chunk at a time (FINAL's decoding, sentence
     # after sentence): the token budget counts one sentence per chunk, ``B = budget // t``.
     sequential_sentences: bool = False
+    # Packed rows instead of the [B, S, T] grid (None: the grid).
+    packing: PackingConfig | None = None
 
     def __post_init__(self) -> None:
         for name in (
