@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import flax.linen as nn
 import jax
@@ -39,6 +39,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from docnmt_jax.training import losses
+
+if TYPE_CHECKING:
+    from docnmt_jax.data.tokenized import PackingConfig
 
 Array = jax.Array
 PyTree = Any
@@ -159,8 +162,16 @@ class BaseModel:
 
     def rows(self, batch: Batch) -> Batch:
         """The module's inputs ``src, src_mask, tgt, tgt_mask`` from a pipeline batch
-        ``[B, S, T]``; default: the batch as it is (document models)."""
+        ``[B, S, T]``; default: the batch as it is (document models). A model that trains on
+        packed rows (:meth:`packing`) also returns ``segments``, a dict of the packed row
+        features its module takes as ``segments=``."""
         return {key: batch[key] for key in ("src", "src_mask", "tgt", "tgt_mask")}
+
+    def packing(self) -> PackingConfig | None:
+        """How the trainer packs this model's training and dev batches
+        (:class:`~docnmt_jax.data.tokenized.PackingConfig`), or None for the ``[B, S, T]``
+        grid. Decoding, :meth:`score` and :meth:`with_random_context` use the grid."""
+        return None
 
     # Interface ---------------------------------------------------------------------------
 
@@ -177,6 +188,7 @@ class BaseModel:
         target sequence of :meth:`rows`."""
         rows = self.rows(batch)
         module = self.train_module if train else self.eval_module
+        packed = {"segments": rows["segments"]} if "segments" in rows else {}
         logits = module.apply(
             {"params": params},
             rows["src"],
@@ -184,6 +196,7 @@ class BaseModel:
             rows["tgt"],
             rows["tgt_mask"],
             rngs={"dropout": rng} if train else {},
+            **packed,
         )
         T = rows["tgt"].shape[-1]
         return (
@@ -204,11 +217,13 @@ class BaseModel:
     def score(self, params: PyTree, batch: Batch) -> Array:
         """``log p(y_k | x, context) [B, S]``, summed over each sentence's tokens (0 for
         padding sentences); default: one row of :meth:`forward` per sentence."""
+        require_grid(batch, "score")
         logits, targets, mask = self.forward(params, batch, None, False)
         per_row = sequence_log_likelihood(logits, targets, mask)
         return per_row.reshape(batch["src"].shape[:2])
 
     def with_random_context(self, batch: Batch, rng: Array) -> Batch:
+        require_grid(batch, "with_random_context")
         if self.layout.sentence_level:
             raise ModelError(
                 f"model {self.name!r} translates sentences alone: it has no context to replace"
@@ -224,6 +239,15 @@ class BaseModel:
 
             return scan_slots(self, params, batch, search)
         raise NotImplementedError(f"{type(self).__name__} must implement translate")
+
+
+def require_grid(batch: Mapping[str, Any], what: str) -> None:
+    """Raises :class:`ModelError` when ``batch`` is packed: ``what`` works on the grid."""
+    if "src_chunk_ids" in batch:
+        raise ModelError(
+            f"{what} needs a [B, S, T] grid batch, got packed rows; build the batches with "
+            "PipelineConfig(packing=None)"
+        )
 
 
 def sequence_log_likelihood(logits: Array, targets: Array, mask: Array) -> Array:

@@ -34,10 +34,12 @@ import jax
 import jax.numpy as jnp
 
 from docnmt_jax import flops
+from docnmt_jax.data.schema import is_packed
+from docnmt_jax.data.tokenized import PackingConfig
 from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from docnmt_jax.decoding.search import SearchConfig, search_rows, source_length_limits
-from docnmt_jax.models.base import BaseModel, BatchLayout, ModelError, register
-from docnmt_jax.models.transformer import Transformer, TransformerConfig
+from docnmt_jax.models.base import BaseModel, BatchLayout, ModelError, register, require_grid
+from docnmt_jax.models.transformer import Transformer, TransformerConfig, packed_rows
 
 Array = jax.Array
 
@@ -85,6 +87,26 @@ def mark_separators(tgt: Array, tgt_mask: Array, separator: int = SEP_ID) -> Arr
     boundary = (lengths > 0) & (index < last_real)  # [B, S]: sentences followed by another
     at_end = jnp.arange(T) == (lengths - 1)[..., None]
     return jnp.where(boundary[..., None] & at_end, separator, tgt)
+
+
+def mark_separators_packed(
+    tgt: Array, tgt_mask: Array, sentence_index: Array, chunk_ids: Array, separator: int = SEP_ID
+) -> Array:
+    """:func:`mark_separators` on packed rows ``[B, L]``: the last token of every target
+    sentence followed by another sentence of its chunk becomes ``separator``.
+
+    Tokens are keyed ``chunk * L + sentence index``, non-decreasing along a row's real tokens
+    (chunks and their sentences are laid in order); the key of the next real token says
+    whether a token ends its sentence and whether its chunk goes on, gaps notwithstanding.
+    """
+    L = tgt.shape[-1]
+    real = tgt_mask > 0
+    beyond = jnp.int32(2**30)  # a key after every real one, in no chunk
+    key = jnp.where(real, chunk_ids * L + sentence_index, beyond)
+    after = jax.lax.cummin(key, axis=1, reverse=True)  # smallest key at positions >= p
+    nxt = jnp.concatenate([after[:, 1:], jnp.full_like(after[:, :1], beyond)], axis=1)
+    boundary = real & (nxt != key) & (nxt // L == chunk_ids)
+    return jnp.where(boundary, separator, tgt)
 
 
 def pack_target(tgt: Array, tgt_mask: Array) -> tuple[Array, Array]:
@@ -169,8 +191,20 @@ class Doc2DocModel(BaseModel):
                 "config.model.max_len or lower data.max_sentences / max_src_len / max_tgt_len"
             )
 
+    def packing(self) -> PackingConfig:
+        """Whole chunks laid end to end in rows of 1,024 slots (2,048 for the longest)."""
+        return PackingConfig(unit="chunk", row_tokens=1024)
+
     def rows(self, batch: dict[str, Array]) -> dict[str, Array]:
-        """Packed ``src``/``tgt`` rows ``[B, S*T]`` and their masks."""
+        """Packed ``src``/``tgt`` rows ``[B, S*T]`` and their masks; a packed batch keeps
+        its rows, each chunk one segment (separators marked, positions inside the chunk)."""
+        if is_packed(batch):
+            self._check_length(batch["src"].shape[1])
+            rows = packed_rows(batch, unit="chunk")
+            rows["tgt"] = mark_separators_packed(
+                batch["tgt"], batch["tgt_mask"], batch["tgt_sentence_index"], batch["tgt_chunk_ids"]
+            )
+            return rows
         self._check_length(batch["src"].shape[1] * batch["src"].shape[2])
         self._check_length(batch["tgt"].shape[1] * batch["tgt"].shape[2])
         src, src_mask = pack_tokens(batch["src"], batch["src_mask"])
@@ -181,6 +215,7 @@ class Doc2DocModel(BaseModel):
         """``log p [B, S]`` of every target sentence inside its packed chunk: the packed
         row's token log-probabilities summed per sentence (its separator or final EOS
         included)."""
+        require_grid(batch, "score")
         logits, targets, mask = self.forward(params, batch, None, False)
         logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
         token = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0] * mask

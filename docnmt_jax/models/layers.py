@@ -332,6 +332,14 @@ def padding_mask(q_mask: Array, k_mask: Array) -> Array:
     return (q_mask[:, None, :, None] > 0) & (k_mask[:, None, None, :] > 0)
 
 
+def segment_mask(q_ids: Array, k_ids: Array) -> Array:
+    """``[B, Tq]``, ``[B, Tk]`` segment ids (0 = padding) of packed rows -> boolean
+    ``[B, 1, Tq, Tk]``: a query sees the keys of its own segment (flax ``examples/wmt``'s
+    packed attention)."""
+    q, k = q_ids[:, None, :, None], k_ids[:, None, None, :]
+    return (q == k) & (q > 0)
+
+
 def causal_mask(length: int) -> Array:
     """Boolean ``[1, 1, T, T]`` lower-triangular mask: position i sees positions <= i."""
     return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
@@ -341,3 +349,80 @@ def shift_right(ids: Array, bos_id: int) -> Array:
     """Decoder input: ``[bos, y_1, ..., y_{T-1}]`` along the last axis."""
     pad_width = [(0, 0)] * (ids.ndim - 1) + [(1, 0)]
     return jnp.pad(ids, pad_width, constant_values=bos_id)[..., :-1]
+
+
+def shift_right_segments(ids: Array, positions: Array, bos_id: int) -> Array:
+    """Decoder input of packed rows: :func:`shift_right`, with ``bos_id`` wherever a segment
+    starts (``positions == 0``), so no segment sees the previous one's last token."""
+    return jnp.where(positions == 0, bos_id, shift_right(ids, bos_id))
+
+
+# ------------------------------------------------------------------------- banded attention
+
+
+class Band:
+    """Banded attention over packed rows of ``length`` tokens (issue 14 design, §2.3).
+
+    A row is cut into ``length // width`` blocks of ``width`` tokens; modules run on block rows
+    ``[B * blocks, width, ...]`` (:meth:`blocks`, :meth:`unblock`: reshapes only) and a block's
+    queries attend to the keys of its window, the blocks ``i - back .. i + ahead``
+    (:meth:`windows`, ``(back + 1 + ahead) * width`` keys, zeros beyond the row's ends). The
+    caller's mask must allow only keys inside the window; then banded attention equals dense
+    attention over the row, which is ``Band.dense(length)`` (one block, no neighbours).
+    ``back``/``ahead`` are clipped to the blocks that exist.
+    """
+
+    def __init__(self, length: int, width: int, back: int = 0, ahead: int = 0):
+        if width < 1 or length % width:
+            raise ValueError(f"band width {width} does not divide the row length {length}")
+        if back < 0 or ahead < 0:
+            raise ValueError(f"band back/ahead must be >= 0, got {back}/{ahead}")
+        self.length, self.width = length, width
+        self.num_blocks = length // width
+        self.back = min(back, self.num_blocks - 1)
+        self.ahead = min(ahead, self.num_blocks - 1)
+
+    @classmethod
+    def dense(cls, length: int) -> Band:
+        """One block per row: every token of the row is a key of every query."""
+        return cls(length, length)
+
+    @classmethod
+    def covering(cls, length: int, width: int, back_tokens: int, ahead_tokens: int) -> Band:
+        """The band whose windows hold every key ``p`` of a query ``q`` with
+        ``-back_tokens <= p - q <= ahead_tokens``; dense when ``width >= length``. A key at
+        ``back_tokens`` before a query of block ``i`` lies at most ``ceil(back_tokens / width)``
+        blocks back (and likewise ahead)."""
+        if width >= length:
+            return cls.dense(length)
+        return cls(length, width, -(-back_tokens // width), -(-ahead_tokens // width))
+
+    @property
+    def is_dense(self) -> bool:
+        return self.num_blocks == 1
+
+    @property
+    def window(self) -> int:
+        """Keys per query block: ``(back + 1 + ahead) * width``."""
+        return (self.back + 1 + self.ahead) * self.width
+
+    def blocks(self, x: Array) -> Array:
+        """``[B, L, ...] -> [B * blocks, width, ...]``."""
+        return x.reshape((-1, self.width) + x.shape[2:])
+
+    def unblock(self, x: Array) -> Array:
+        """``[B * blocks, width, ...] -> [B, L, ...]``."""
+        return x.reshape((-1, self.length) + x.shape[2:])
+
+    def windows(self, x: Array) -> Array:
+        """Block rows ``[B * blocks, width, ...]`` -> each block's window ``[B * blocks,
+        window, ...]``: the blocks ``i - back .. i + ahead`` of its row in order, zeros (ids:
+        padding) outside the row. Static slices and one concatenation; no gather."""
+        if self.back == self.ahead == 0:
+            return x
+        nb = self.num_blocks
+        rows = x.reshape((-1, nb) + x.shape[1:])  # [B, nb, W, ...]
+        pad = [(0, 0), (self.back, self.ahead)] + [(0, 0)] * (rows.ndim - 2)
+        padded = jnp.pad(rows, pad)
+        parts = [padded[:, o : o + nb] for o in range(self.back + 1 + self.ahead)]
+        return jnp.concatenate(parts, axis=2).reshape((-1, self.window) + x.shape[2:])

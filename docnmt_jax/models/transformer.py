@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from docnmt_jax import flops
+from docnmt_jax.data.tokenized import PackingConfig
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.decoding.search import SearchConfig, search_rows, sentence_limits
 from docnmt_jax.models import layers
@@ -23,6 +24,10 @@ from docnmt_jax.models.base import BaseModel, BatchLayout, register
 
 Array = jax.Array
 Cache = dict[str, Any]
+#: Packed rows (flax ``examples/wmt``): ``{src,tgt}_positions`` (position inside the segment)
+#: and ``{src,tgt}_segment_ids`` (1-based segment number in the row, 0 on padding; a source
+#: and a target segment with the same id belong together), each ``[B, L]``.
+Segments = dict[str, Array]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,11 +163,18 @@ class Transformer(nn.Module):
         )
         return self.input_dropout(x, deterministic=self.config.deterministic)
 
-    def encode(self, src: Array, src_mask: Array) -> Array:
-        """``src [B, Ts]`` ids, ``src_mask [B, Ts]`` -> encoder states ``[B, Ts, D]``."""
-        positions = jnp.broadcast_to(jnp.arange(src.shape[-1]), src.shape)
+    def encode(self, src: Array, src_mask: Array, segments: Segments | None = None) -> Array:
+        """``src [B, Ts]`` ids, ``src_mask [B, Ts]`` -> encoder states ``[B, Ts, D]``.
+
+        With ``segments`` (packed rows, :data:`Segments`) every token attends only within its
+        segment, at its position inside the segment."""
+        if segments is None:
+            positions = jnp.broadcast_to(jnp.arange(src.shape[-1]), src.shape)
+            mask = layers.padding_mask(src_mask, src_mask)
+        else:
+            positions = segments["src_positions"]
+            mask = layers.segment_mask(segments["src_segment_ids"], segments["src_segment_ids"])
         x = self._embed(src, positions)
-        mask = layers.padding_mask(src_mask, src_mask)
         for layer in self.encoder_layers:
             x = layer(x, mask)
         return self.encoder_norm(x) if self.config.pre_ln else x
@@ -172,20 +184,48 @@ class Transformer(nn.Module):
             y = self.decoder_norm(y)
         return self.embed.attend(y).astype(jnp.float32)
 
-    def decode(self, encoded: Array, src_mask: Array, tgt_in: Array, tgt_mask: Array) -> Array:
-        """Teacher-forced decoder: input ids ``tgt_in [B, Tt]`` (shifted right) -> logits."""
-        positions = jnp.broadcast_to(jnp.arange(tgt_in.shape[-1]), tgt_in.shape)
+    def decode(
+        self,
+        encoded: Array,
+        src_mask: Array,
+        tgt_in: Array,
+        tgt_mask: Array,
+        segments: Segments | None = None,
+    ) -> Array:
+        """Teacher-forced decoder: input ids ``tgt_in [B, Tt]`` (shifted right) -> logits.
+
+        With ``segments`` a target token sees the earlier tokens of its own segment and the
+        source tokens of the segment with the same id."""
+        causal = layers.causal_mask(tgt_in.shape[-1])
+        if segments is None:
+            positions = jnp.broadcast_to(jnp.arange(tgt_in.shape[-1]), tgt_in.shape)
+            self_mask = causal & layers.padding_mask(tgt_mask, tgt_mask)
+            cross_mask = layers.padding_mask(tgt_mask, src_mask)
+        else:
+            positions, tgt_ids = segments["tgt_positions"], segments["tgt_segment_ids"]
+            self_mask = causal & layers.segment_mask(tgt_ids, tgt_ids)
+            cross_mask = layers.segment_mask(tgt_ids, segments["src_segment_ids"])
         y = self._embed(tgt_in, positions)
-        self_mask = layers.causal_mask(tgt_in.shape[-1]) & layers.padding_mask(tgt_mask, tgt_mask)
-        cross_mask = layers.padding_mask(tgt_mask, src_mask)
         for layer in self.decoder_layers:
             y, _ = layer(y, self_mask, encoded, cross_mask)
         return self._output(y)
 
-    def __call__(self, src: Array, src_mask: Array, tgt: Array, tgt_mask: Array) -> Array:
-        """Logits ``[B, Tt, V]`` for targets ``tgt`` (not yet shifted; EOS-terminated)."""
-        encoded = self.encode(src, src_mask)
-        return self.decode(encoded, src_mask, layers.shift_right(tgt, BOS_ID), tgt_mask)
+    def __call__(
+        self,
+        src: Array,
+        src_mask: Array,
+        tgt: Array,
+        tgt_mask: Array,
+        segments: Segments | None = None,
+    ) -> Array:
+        """Logits ``[B, Tt, V]`` for targets ``tgt`` (not yet shifted; EOS-terminated); with
+        ``segments``, of every segment of the packed rows on its own."""
+        encoded = self.encode(src, src_mask, segments)
+        if segments is None:
+            tgt_in = layers.shift_right(tgt, BOS_ID)
+        else:
+            tgt_in = layers.shift_right_segments(tgt, segments["tgt_positions"], BOS_ID)
+        return self.decode(encoded, src_mask, tgt_in, tgt_mask, segments)
 
     def init_cache(self, batch: int, max_len: int) -> Cache:
         """An empty decoding cache: self-attention keys/values for ``max_len`` positions."""
@@ -241,12 +281,36 @@ def sentence_rows(batch: dict[str, Array]) -> dict[str, Array]:
     """Flattens a document batch ``[B, S, T]`` into sentence rows ``[B*S, T]``.
 
     The sentence model sees every sentence on its own; padding sentences become all-padding
-    rows that carry no loss.
+    rows that carry no loss. A packed batch (rows of several sentences, ``schema.is_packed``)
+    keeps its rows and adds the :data:`Segments` that keep its sentences apart.
     """
+    if "src_chunk_ids" in batch:
+        return packed_rows(batch, unit="segment")
     return {
         key: batch[key].reshape((-1, batch[key].shape[-1]))
         for key in ("src", "src_mask", "tgt", "tgt_mask")
     }
+
+
+def packed_rows(batch: dict[str, Array], unit: str) -> dict[str, Array]:
+    """The module inputs of a packed batch ``[B, L]``: the rows as they are, with
+    :data:`Segments` made of the sentences (``unit="segment"``: segment ids, positions inside
+    the sentence) or of the chunks (``unit="chunk"``: chunk ids, positions inside the chunk)."""
+    ids, positions = (
+        ("segment_ids", "positions")
+        if unit == "segment"
+        else (
+            "chunk_ids",
+            "chunk_positions",
+        )
+    )
+    rows = {key: batch[key] for key in ("src", "src_mask", "tgt", "tgt_mask")}
+    rows["segments"] = {
+        f"{side}_{name}": batch[f"{side}_{feature}"]
+        for side in ("src", "tgt")
+        for name, feature in (("positions", positions), ("segment_ids", ids))
+    }
+    return rows
 
 
 @register("transformer", config=TransformerConfig, flops=flops.transformer_terms)
@@ -258,6 +322,10 @@ class TransformerModel(BaseModel):
 
     def rows(self, batch: dict[str, Array]) -> dict[str, Array]:
         return sentence_rows(batch)
+
+    def packing(self) -> PackingConfig:
+        """Several whole sentences per row of 128 slots (flax ``examples/wmt``)."""
+        return PackingConfig(unit="sentence", row_tokens=128)
 
     def translate(
         self, params: Any, batch: dict[str, Array], search: SearchConfig
