@@ -421,3 +421,27 @@ def test_tfds_round_trip(tmp_path) -> None:
     examples = sorted(tfds.as_numpy(ds), key=lambda ex: ex["index"])
     assert [ex["doc_id"].decode() for ex in examples] == ["Gen.1", "Gen.2", "Gen.10"]
     assert [s.decode() for s in examples[0]["tgt"]] == ["one", "two"]
+
+
+# --------------------------------------------------------------------------- packed plans
+
+
+def test_packed_plans_of_the_prepared_corpus(prepared, tmp_path) -> None:
+    """Issue 14: with the 8k sentencepiece and the default config, sentence packing (rows of
+    128) gives one shape and < 5% padding, chunk packing (rows of 1024, drift 16) at most two
+    shapes and < 10% padding (docs/design/issue14_packing_plan.md §0)."""
+    import dataclasses
+
+    from docnmt_jax.data.pipeline import PipelineConfig, plan_batches, tokenize_corpus
+    from docnmt_jax.data.tokenized import PackingConfig
+    from docnmt_jax.data.tokenizer import get_or_train_tokenizer
+
+    docs = read_tsv(os.path.join(prepared[0], "train.tsv"))
+    tokenizer = get_or_train_tokenizer(tmp_path / "spm.model", docs, vocab_size=8000)
+    corpus = tokenize_corpus(docs, tokenizer.encode_batch, PipelineConfig())
+    sentences = PackingConfig("sentence", row_tokens=128)
+    plan = plan_batches(corpus, config=dataclasses.replace(corpus.config, packing=sentences))
+    assert len(plan.shapes) == 1 and plan.stats.padding_fraction < 0.05, plan.stats
+    chunks = PackingConfig("chunk", row_tokens=1024, drift=16)
+    plan = plan_batches(corpus, config=dataclasses.replace(corpus.config, packing=chunks))
+    assert len(plan.shapes) <= 2 and plan.stats.padding_fraction < 0.10, plan.stats

@@ -1,11 +1,14 @@
 """Stage 2 of the document pipeline (:mod:`docnmt_jax.data.pipeline`): bucketing of the chunks
 and the deterministic global batch plan of every epoch (:class:`BatchPlan`, :class:`EpochPlan`),
-including the NumPy materialisation of a planned batch."""
+including the NumPy materialisation of a planned batch. With ``PipelineConfig.packing`` set,
+:func:`plan_batches` returns the packed rows' plan instead
+(:class:`~docnmt_jax.data.packed_plan.PackedPlan`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
@@ -19,6 +22,9 @@ from docnmt_jax.data.tokenized import (
     make_chunks,
     tokenize_corpus,
 )
+
+if TYPE_CHECKING:
+    from docnmt_jax.data.packed_plan import PackedPlan
 
 Batch = schema.Batch
 
@@ -65,16 +71,21 @@ class EpochPlan:
         return EpochPlan(self.ids[first:], self.sizes[start:], self.s[start:], self.t[start:])
 
 
+def check_corpus_config(corpus: TokenizedCorpus, config: PipelineConfig) -> None:
+    """Raises ValueError unless ``corpus`` was truncated to ``config``'s max lengths."""
+    if (corpus.src.max_len, corpus.tgt.max_len) != (config.max_src_len, config.max_tgt_len):
+        raise ValueError(
+            f"corpus was truncated to max lengths ({corpus.src.max_len}, "
+            f"{corpus.tgt.max_len}) but the config asks for ({config.max_src_len}, "
+            f"{config.max_tgt_len}); re-run tokenize_corpus with this config"
+        )
+
+
 class BatchPlan:
     """Deterministic global batch plan over epochs; step ``n`` = the ``n``-th global batch."""
 
     def __init__(self, corpus: TokenizedCorpus, config: PipelineConfig):
-        if (corpus.src.max_len, corpus.tgt.max_len) != (config.max_src_len, config.max_tgt_len):
-            raise ValueError(
-                f"corpus was truncated to max lengths ({corpus.src.max_len}, "
-                f"{corpus.tgt.max_len}) but the config asks for ({config.max_src_len}, "
-                f"{config.max_tgt_len}); re-run tokenize_corpus with this config"
-            )
+        check_corpus_config(corpus, config)
         self.corpus = corpus
         self.config = config
         self.chunk_table = make_chunks(corpus, config)
@@ -255,23 +266,30 @@ class BatchPlan:
         )
 
 
-PipelineInput = Sequence[Document] | TokenizedCorpus | BatchPlan
+PipelineInput = Union[Sequence[Document], TokenizedCorpus, BatchPlan, "PackedPlan"]
 
 
 def plan_batches(
     data: PipelineInput,
     encode: Encode | None = None,
     config: PipelineConfig | None = None,
-) -> BatchPlan:
-    """The deterministic batch plan of documents (tokenised with ``encode``) or a corpus; a
-    :class:`BatchPlan` is returned as is (its config must match ``config`` when one is given)."""
-    if isinstance(data, BatchPlan):
+) -> BatchPlan | PackedPlan:
+    """The deterministic batch plan of documents (tokenised with ``encode``) or a corpus: a
+    :class:`~docnmt_jax.data.packed_plan.PackedPlan` when ``config.packing`` is set, else a
+    :class:`BatchPlan`. A plan is returned as is (its config must match ``config`` when one is
+    given)."""
+    from docnmt_jax.data.packed_plan import PackedPlan
+
+    if isinstance(data, BatchPlan | PackedPlan):
         if config is not None and config != data.config:
-            raise ValueError("a BatchPlan was given with a different config")
+            raise ValueError(f"a {type(data).__name__} was given with a different config")
         return data
     if isinstance(data, TokenizedCorpus):
-        return BatchPlan(data, config or data.config)
-    if encode is None:
-        raise ValueError("encode is required when raw documents are given")
-    config = config or PipelineConfig()
-    return BatchPlan(tokenize_corpus(data, encode, config), config)
+        config = config or data.config
+        corpus = data
+    else:
+        if encode is None:
+            raise ValueError("encode is required when raw documents are given")
+        config = config or PipelineConfig()
+        corpus = tokenize_corpus(data, encode, config)
+    return BatchPlan(corpus, config) if config.packing is None else PackedPlan(corpus, config)

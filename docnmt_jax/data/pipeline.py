@@ -21,6 +21,14 @@ Stages (each usable on its own; this module re-exports the entry points of the f
    ``Dataset.range`` + ``numpy_function`` (about 1.5x). :func:`numpy_batches` is an equivalent
    pure-NumPy iterator without TF (cheapest in CPU time, but it runs in the caller's thread).
 
+Packed rows (``PipelineConfig.packing``; docs/design/issue14_packing_plan.md §2.1):
+:func:`plan_batches` returns a :class:`PackedPlan` (:mod:`docnmt_jax.data.packed_plan`:
+sentences or chunks packed once per plan into rows of at most ``max_shapes`` lengths, batches
+``[B, L]`` of :data:`~docnmt_jax.data.schema.PACKED_FEATURES`, shapes ``(B, L)``).
+:func:`numpy_batches` serves both plans; :func:`make_dataset` of a packed plan is
+``from_generator`` over :func:`numpy_batches`, prefetched; :func:`measure_throughput` counts
+packed chunks and sentences as distinct ids per row.
+
 Batch features (:mod:`docnmt_jax.data.schema`; int32, ``B`` = rows on this host): ``src``/
 ``tgt`` and their masks, positions and segment ids [B,S,T], ``sentence_mask`` [B,S],
 ``doc_index``/``chunk_index``/``sentence_offset`` [B], the last three -1 on padding rows.
@@ -69,8 +77,10 @@ from docnmt_jax.data.batch_plan import (
     PipelineInput,
     plan_batches,
 )
+from docnmt_jax.data.packed_plan import PackedPlan
 from docnmt_jax.data.tokenized import (
     Encode,
+    PackingConfig,
     PipelineConfig,
     PipelineStats,
     TokenizedCorpus,
@@ -85,6 +95,8 @@ __all__ = [
     "BatchPlan",
     "Encode",
     "EpochPlan",
+    "PackedPlan",
+    "PackingConfig",
     "PipelineConfig",
     "PipelineInput",
     "PipelineStats",
@@ -161,9 +173,9 @@ def make_dataset(
     """This process's batches as a prefetched ``tf.data.Dataset``, from global step
     ``start_step`` on (resuming costs one epoch plan, not ``start_step`` batches).
 
-    ``data`` is a document list (then ``encode`` is required), a :class:`TokenizedCorpus` or a
-    :class:`BatchPlan`. Batch shapes are dynamic (``[None, None, None]``); the set of shapes is
-    ``plan_batches(...).local_shapes``.
+    ``data`` is a document list (then ``encode`` is required), a :class:`TokenizedCorpus`, a
+    :class:`BatchPlan` or a :class:`PackedPlan`. Batch shapes are dynamic (``[None, None,
+    None]``, packed: ``[None, None]``); the set of shapes is ``plan_batches(...).local_shapes``.
     """
     import tensorflow as tf
 
@@ -172,6 +184,12 @@ def make_dataset(
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     if plan.batches_per_epoch == 0 and plan.config.num_epochs is None:
         raise ValueError("the plan has no batch per epoch: the corpus is too small")
+    if isinstance(plan, PackedPlan):
+        signature = {k: tf.TensorSpec([None, None], tf.int32) for k in schema.PACKED_FEATURES}
+        packed = tf.data.Dataset.from_generator(
+            lambda: numpy_batches(plan, start_step=start_step), output_signature=signature
+        )
+        return packed.prefetch(tf.data.AUTOTUNE)
 
     def generator() -> Iterator[dict[str, np.ndarray]]:
         for ep in plan.local_epochs_from(start_step):
@@ -192,12 +210,20 @@ def make_dataset(
 # Throughput.
 
 
+def _distinct_per_row(src_ids: np.ndarray, tgt_ids: np.ndarray) -> int:
+    """Distinct nonzero ids per row of ``[B, L]`` id arrays (both sides), summed over rows."""
+    ids = np.concatenate([src_ids, tgt_ids], axis=1).astype(np.int64)
+    keys = np.unique(ids * ids.shape[0] + np.arange(ids.shape[0])[:, None])
+    return int(np.count_nonzero(keys >= ids.shape[0]))
+
+
 def measure_throughput(
     dataset: tf.data.Dataset | Iterator[Batch], num_batches: int, warmup: int = 1
 ) -> dict[str, float]:
     """Iterates ``warmup + num_batches`` batches (as NumPy) and reports rates over the last
-    ``num_batches``: chunks/s (non-padding rows), sentences/s, real and padded tokens/s (both
-    sides), and the padding fraction of the token slots."""
+    ``num_batches``: chunks/s (non-padding rows; packed: distinct chunk ids per row),
+    sentences/s (packed: distinct segment ids per row), real and padded tokens/s (both sides),
+    and the padding fraction of the token slots."""
     it = dataset.as_numpy_iterator() if hasattr(dataset, "as_numpy_iterator") else iter(dataset)
     for _ in range(warmup):
         if next(it, None) is None:
@@ -209,8 +235,14 @@ def measure_throughput(
     for batch in itertools.islice(it, num_batches):
         n += 1
         shapes.add(tuple(batch["src"].shape))
-        totals["chunks"] += int((batch["doc_index"] >= 0).sum())
-        totals["sentences"] += int(batch["sentence_mask"].sum())
+        if schema.is_packed(batch):
+            totals["chunks"] += _distinct_per_row(batch["src_chunk_ids"], batch["tgt_chunk_ids"])
+            totals["sentences"] += _distinct_per_row(
+                batch["src_segment_ids"], batch["tgt_segment_ids"]
+            )
+        else:
+            totals["chunks"] += int((batch["doc_index"] >= 0).sum())
+            totals["sentences"] += int(batch["sentence_mask"].sum())
         totals["src_tokens"] += int(batch["src_mask"].sum())
         totals["tgt_tokens"] += int(batch["tgt_mask"].sum())
         totals["slots"] += batch["src_mask"].size + batch["tgt_mask"].size

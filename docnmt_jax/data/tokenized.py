@@ -144,6 +144,9 @@ class PipelineStats:
     dropped_chunks_per_epoch: int = 0
     promoted_chunks_per_epoch: int = 0
     batches_per_epoch: int = 0
+    # Packed plans: the fraction of the token slots (both sides, empty rows included) of an
+    # epoch's batches that are padding (0.0 for the grid's BatchPlan).
+    padding_fraction: float = 0.0
 
 
 # ---------------------------------------------------------------------------------------------
