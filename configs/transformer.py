@@ -40,6 +40,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.batch_tgt_tokens = 2048  # padded target tokens per training batch
     config.data.eval_batch_tokens = 4096  # padded tokens per side per dev batch
     config.data.batch_multiple = 1  # batch rows are a multiple of this and of mesh data x fsdp
+    config.data.packed = True  # train on packed rows (the model's packing); False: [B,S,T] grid
+    config.data.packed_row_tokens = 0  # shortest packed row length; 0: the model's default
 
     # Training: Adam(0.9, 0.98, 1e-9), inverse-sqrt schedule (Vaswani et al. 2017, Eq. 3).
     config.train = ml_collections.ConfigDict()
@@ -59,6 +61,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.best_metric = "dev_bleu"  # dev metric that picks the best checkpoint
     config.train.best_mode = "max"  # max for BLEU, min for dev_loss
     config.train.time_budget_minutes = 0.0  # stop (and save) after this long; 0 = no limit
+    config.train.aot_compile = True  # compile the train step for every batch shape up front
     config.train.freeze = ()  # regexes over parameter paths: matching parameters are not trained
 
     # Objective (docnmt_jax/objectives/): the learning algorithm wrapping the model's loss.

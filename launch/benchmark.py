@@ -1,9 +1,12 @@
 """Benchmarks of the models on identical batches in one process, plus the data pipeline.
 
-Sections (``--sections``; default ``peak,train,decode,growth``):
+Sections (``--sections``; default ``peak,train,corpus,decode,growth``):
   peak      the machine's matrix-multiply peak (GFLOP/s) in float32 and bfloat16
   train     per model: train-step time, target tokens/s, analytic / traced / XLA FLOPs per
             step, achieved FLOP/s and MFU against the measured peak, compiled memory
+  corpus    per model, packed rows and [B,S,T] grid: real target tokens/s training on the
+            real corpus plan (``--tsv``, its padding, shapes and compilations), padding %,
+            shapes, compile seconds, ratios to the Transformer and to the grid
   decode    per model: fixed-length beam search and greedy on the same documents,
             sentences/s, tokens/s, XLA compilations
   growth    train-step time, compiled memory and analytic FLOPs against sentences per chunk
@@ -28,11 +31,12 @@ section prints a markdown table; ``--json`` writes all results to one file.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from docnmt_jax import benchmarking
-from docnmt_jax.benchmarking.workload import SIZES
+from docnmt_jax.benchmarking.workload import SIZES, UsageError
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -40,7 +44,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--sections",
         help=f"comma-separated of {', '.join(benchmarking.SECTIONS)}; "
-        "default: peak,train,decode,growth",
+        "default: peak,train,corpus,decode,growth",
     )
     p.add_argument("--quick", action="store_true", help="tiny sizes, a few steps: seconds")
     p.add_argument("--json", help="write all results to this JSON file")
@@ -69,9 +73,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--growth-sentences", help="sentences per chunk: 1,5,10,20,40 / 1,3")
     g.add_argument("--growth-lengths", help="tokens per sentence: 16,32,64,128 / 6,12")
     g.add_argument("--growth-steps", type=int, help="timed steps per point: 3 / 1")
-    g = p.add_argument_group("pipeline")
+    g = p.add_argument_group("corpus and pipeline")
     g.add_argument("--tsv", default="data/bible/train.tsv", help="TSV corpus of documents")
-    g.add_argument("--spm", help="SentencePiece model; default: whitespace word-level encoder")
+    g.add_argument(
+        "--spm",
+        help="SentencePiece model; default: corpus trains spm_<vocab>.model next to --tsv, "
+        "pipeline uses a whitespace word-level encoder",
+    )
+    g.add_argument("--corpus-steps", type=int, help="timed train steps per model: 20 / 2")
+    g.add_argument("--corpus-layouts", default="packed,grid", help="packed and/or grid")
+    g.add_argument("--corpus-vocab", type=int, help="SentencePiece pieces trained: 8000 / 300")
     g.add_argument("--num-batches", type=int, default=2000, help="batches timed per run")
     g.add_argument("--modes", default="document,sentence", help="document and/or sentence")
     g.add_argument("--max-sentences", type=int, default=20)
@@ -85,7 +96,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    return benchmarking.run(parse_args(argv))
+    args = parse_args(argv)
+    try:
+        return benchmarking.run(args)
+    except UsageError as e:  # a user's mistake: one line, no traceback
+        sys.exit(f"benchmark.py: {e}")
 
 
 if __name__ == "__main__":

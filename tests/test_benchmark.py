@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -133,9 +134,49 @@ def test_quick_profile_writes_traces(tmp_path):
 
 
 @pytest.mark.slow
-def test_quick_run_as_a_whole(tmp_path):
+def _corpus_copy(synthetic_dir, tmp_path):
+    """The synthetic training TSV copied to ``tmp_path`` (the corpus section caches its
+    tokenizer next to the TSV)."""
+    tsv = tmp_path / "train.tsv"
+    shutil.copy(os.path.join(synthetic_dir, "train.tsv"), tsv)
+    return str(tsv)
+
+
+def test_quick_corpus_trains_each_model_on_the_real_plan(synthetic_dir, tmp_path):
+    tsv = _corpus_copy(synthetic_dir, tmp_path)
+    models = "transformer,doc2doc,final"
+    result, stdout = _run(tmp_path, "--sections=corpus", f"--tsv={tsv}", f"--models={models}")
+    _check_corpus(result, models.split(","))
+    assert (tmp_path / "spm_300.model").exists()  # trained once, reused by the next run
+    assert "| doc2doc | packed |" in stdout
+
+
+def _check_corpus(result, models):
+    corpus = result["corpus"]
+    runs = {(r["model"], r["layout"]): r for r in corpus["runs"]}
+    for name in models:
+        grid = runs[(name, "grid")]
+        assert grid["ratio_to_grid"] == pytest.approx(1.0)
+        layouts = [grid] + ([runs[(name, "packed")]] if (name, "packed") in runs else [])
+        for r in layouts:
+            assert r["steps"] == corpus["timed_steps"] == 2
+            assert _positive(r["tokens_per_s"], r["real_target_tokens"], r["compile_seconds"])
+            assert 1 <= r["compilations"] <= r["plan_shapes"]
+            assert 0.0 < r["padding_fraction"] < 1.0
+    packed = runs[("transformer", "packed")]
+    assert packed["plan_shapes"] == 1 and packed["ratio_to_transformer"] == pytest.approx(1.0)
+    # Packing removes most of the grid's padding.
+    assert packed["padding_fraction"] < runs[("transformer", "grid")]["padding_fraction"]
+    assert (
+        runs[("doc2doc", "packed")]["padding_fraction"]
+        < 0.5 * runs[("doc2doc", "grid")]["padding_fraction"]
+    )
+
+
+def test_quick_run_as_a_whole(synthetic_dir, tmp_path):
     """``python launch/benchmark.py --quick --json FILE``, every default section and model."""
-    result, stdout = _run(tmp_path, fast=False)
+    tsv = _corpus_copy(synthetic_dir, tmp_path)
+    result, stdout = _run(tmp_path, f"--tsv={tsv}", fast=False)
     models = [r["model"] for r in result["train"]["runs"]]
     # Every registered model, the sentence Transformer first (the reference of the ratios).
     assert models[0] == "transformer"
@@ -143,6 +184,7 @@ def test_quick_run_as_a_whole(tmp_path):
     _check_train(result, models)
     _check_decode(result, models)
     _check_growth(result, ["transformer", "final"])
+    _check_corpus(result, models)
     assert stdout.count("\n| ") > 10
 
 

@@ -148,6 +148,17 @@ def test_eval_epoch_covers_every_chunk_once_with_exact_features(sentence_level):
     assert plan.stats.chunks == len(expected)
 
 
+@pytest.mark.parametrize("sentence_level", [False, True])
+def test_grid_padding_fraction_counts_epoch_zero_slots(sentence_level):
+    config = cfg(num_epochs=1, sentence_level=sentence_level, seed=2)
+    batches = list(numpy_batches(DOCS, encode, config))
+    real = sum(int(b["src_mask"].sum() + b["tgt_mask"].sum()) for b in batches)
+    slots = sum(b["src_mask"].size + b["tgt_mask"].size for b in batches)
+    plan = plan_batches(DOCS, encode, config)
+    assert plan.stats.padding_fraction == pytest.approx(1 - real / slots)
+    assert 0 < plan.stats.padding_fraction < 1
+
+
 def test_numpy_iterator_equals_tf_dataset():
     config = cfg(num_epochs=2)
     assert_batches_equal(tf_batches(DOCS, config), list(numpy_batches(DOCS, encode, config)))

@@ -14,6 +14,7 @@ Modules, one responsibility each:
   workload     the compared models and their shared synthetic batch, analytic FLOPs, ratios
   peak         the machine's matrix-multiply peak (GFLOP/s) per dtype
   train        train-step time, tokens/s, FLOPs and MFU per model
+  corpus       training on a real corpus's own plan, packed rows and grid: real tokens/s
   decode       fixed-length beam and greedy decoding per model
   growth       train step against sentences per chunk and sentence length, log-log slopes
   pipeline     throughput of the tf.data document pipeline

@@ -175,3 +175,26 @@ def print_pipeline(result: Results) -> None:
 def print_profile(result: Results) -> None:
     print("\n### profile traces (tensorboard --logdir DIR, Profile tab)\n")
     print_table(["model", "trace directory"], list(result["traces"].items()))
+
+
+def print_corpus(result: Results) -> None:
+    c = result["corpus"]
+    print(
+        f"\n### corpus: {result['tsv']} ({c['documents']} documents, {c['sentences']} "
+        f"sentences), size {result['size']}, {result['dtype']}, vocab {result['vocab']}, "
+        f"{result['timed_steps']} timed steps per run (the plan's first batches, interleaved)\n"
+    )
+    print(
+        "| model | layout | batches/epoch | padding % | shapes (plan) | compilations (s) "
+        "| real tgt tokens/step | real tgt tokens/s | × Transformer | × grid |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in result["runs"]:
+        grid = "" if r["ratio_to_grid"] is None else f"{r['ratio_to_grid']:.2f}"
+        print(
+            f"| {r['model']} | {r['layout']} | {r['batches_per_epoch']:,} "
+            f"| {100 * r['padding_fraction']:.1f} | {r['plan_shapes']} "
+            f"| {r['compilations']} ({r['compile_seconds']:.1f}) "
+            f"| {r['real_tokens_per_step']:,.0f} | {r['tokens_per_s']:,.0f} "
+            f"| {r['ratio_to_transformer']:.2f} | {grid} |"
+        )

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from docnmt_jax.benchmarking import report
+from docnmt_jax.benchmarking.corpus import corpus_section
 from docnmt_jax.benchmarking.decode import decode_section
 from docnmt_jax.benchmarking.growth import growth_section
 from docnmt_jax.benchmarking.peak import peak_section
@@ -19,12 +20,14 @@ from docnmt_jax.benchmarking.profiling import profile_section
 from docnmt_jax.benchmarking.train import train_section
 
 Results = dict[str, Any]
+
+
 Section = Callable[[argparse.Namespace, Results], Results]
 
 # Options whose default depends on --quick; an explicit option wins.
 PRESETS: dict[str, dict[str, Any]] = {
     "full": dict(
-        sections="peak,train,decode,growth",
+        sections="peak,train,corpus,decode,growth",
         size="ted",
         chunks=8,
         sentences=8,
@@ -39,9 +42,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         growth_sentences="1,5,10,20,40",
         growth_lengths="16,32,64,128",
         growth_steps=3,
+        corpus_steps=20,
+        corpus_vocab=8000,
     ),
     "quick": dict(
-        sections="peak,train,decode,growth",
+        sections="peak,train,corpus,decode,growth",
         size="tiny",
         chunks=2,
         sentences=3,
@@ -56,6 +61,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         growth_sentences="1,3",
         growth_lengths="6,12",
         growth_steps=1,
+        corpus_steps=2,
+        corpus_vocab=300,
     ),
 }
 
@@ -63,6 +70,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 SECTIONS: dict[str, tuple[Section, Callable[[Results], None]]] = {
     "peak": (peak_section, report.print_peak),
     "train": (train_section, report.print_train),
+    "corpus": (corpus_section, report.print_corpus),
     "decode": (decode_section, report.print_decode),
     "growth": (growth_section, report.print_growth),
     "pipeline": (pipeline_section, report.print_pipeline),

@@ -13,6 +13,11 @@ from typing import Any
 
 Results = dict[str, Any]
 
+
+class UsageError(ValueError):
+    """A benchmark option names something that is not there (one line, no traceback)."""
+
+
 SIZES = {
     "tiny": {"d_model": 32, "num_heads": 2, "ffn_dim": 64, "layers": 1},  # for tests
     "ted": {"d_model": 256, "num_heads": 4, "ffn_dim": 512, "layers": 4},

@@ -110,6 +110,21 @@ class BatchPlan:
         )
         self._cache: tuple[int, EpochPlan] | None = None
         self._tables: dict[str, np.ndarray] | None = None
+        self.stats = dataclasses.replace(self.stats, padding_fraction=self._padding_fraction())
+
+    def _padding_fraction(self) -> float:
+        """Padding share of epoch 0's token slots, both sides (promotions and padding rows
+        included; every epoch has the same batches per bucket, so nearly the same share)."""
+        if self.batches_per_epoch == 0:
+            return 0.0
+        ep = self.epoch(0)
+        ids = ep.ids[ep.ids >= 0]
+        c, corpus = self.chunk_table, self.corpus
+        per_sentence = corpus.src.lengths.astype(np.int64) + corpus.tgt.lengths
+        starts = np.concatenate([[0], np.cumsum(per_sentence)])
+        real = starts[c["start"][ids] + c["count"][ids]] - starts[c["start"][ids]]
+        slots = 2 * np.sum(ep.sizes.astype(np.int64) * ep.s * ep.t)
+        return float(1.0 - real.sum() / slots)
 
     # -- bucket geometry ------------------------------------------------------------------------
 

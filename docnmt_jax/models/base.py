@@ -177,8 +177,9 @@ class BaseModel:
 
     def init(self, rng: Array, batch: Batch) -> PyTree:
         rows = self.rows(batch)
+        packed = {"segments": rows["segments"]} if "segments" in rows else {}
         return self.eval_module.init(
-            rng, rows["src"], rows["src_mask"], rows["tgt"], rows["tgt_mask"]
+            rng, rows["src"], rows["src_mask"], rows["tgt"], rows["tgt_mask"], **packed
         )
 
     def forward(

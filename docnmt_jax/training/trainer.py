@@ -37,9 +37,10 @@ from tqdm.auto import tqdm
 
 from docnmt_jax import parallel
 from docnmt_jax.data import pipeline as pipeline_lib
-from docnmt_jax.data import readers
+from docnmt_jax.data import readers, schema
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.schema import dummy_batch
+from docnmt_jax.data.tokenized import PackingConfig
 from docnmt_jax.data.tokenizer import Tokenizer, get_or_train_tokenizer, load_tokenizer
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.decoding.translator import Translator
@@ -84,11 +85,17 @@ def pipeline_config(
     train: bool,
     sentence_level: bool,
     batch_multiple: int = 1,
+    packing: PackingConfig | None = None,
 ) -> pipeline_lib.PipelineConfig:
     """The pipeline settings for training (shuffled, endless) or evaluation (one padded pass);
     ``sentence_level`` from the model's layout; batch rows are a multiple of
-    ``batch_multiple`` (the mesh's data-parallel size)."""
+    ``batch_multiple`` (the mesh's data-parallel size); ``packing`` the model's packed rows
+    (:meth:`~docnmt_jax.models.base.BaseModel.packing`), with ``data.packed_row_tokens`` (when
+    > 0) as the shortest row length, or None for the ``[B, S, T]`` grid."""
     budget = data_cfg.eval_batch_tokens
+    row_tokens = data_cfg.get("packed_row_tokens", 0)
+    if packing is not None and row_tokens > 0:
+        packing = dataclasses.replace(packing, row_tokens=row_tokens)
     return pipeline_lib.PipelineConfig(
         max_sentences=data_cfg.max_sentences,
         max_src_len=data_cfg.max_src_len,
@@ -103,6 +110,7 @@ def pipeline_config(
         process_count=jax.process_count(),
         pad_batch=not train,
         batch_multiple=math.lcm(batch_multiple, data_cfg.get("batch_multiple", 1)),
+        packing=packing,
     )
 
 
@@ -182,6 +190,47 @@ def make_steps(
         ),
         jax.jit(eval_step, in_shardings=(shardings["params"], layout.batch), out_shardings=rep),
     )
+
+
+def abstract_batch(shape: tuple[int, ...], sharding: Any) -> dict[str, jax.ShapeDtypeStruct]:
+    """Every feature of a global batch of plan shape ``shape`` (``(B, L)`` packed rows or
+    ``(B, S, T)`` grid) as a ``ShapeDtypeStruct`` with the batch ``sharding``."""
+    axes = schema.PACKED_FEATURE_AXES if len(shape) == 2 else schema.FEATURE_AXES
+    sizes = dict(zip("BL" if len(shape) == 2 else "BST", shape, strict=True))
+    return {
+        name: jax.ShapeDtypeStruct(tuple(sizes[a] for a in ax), schema.DTYPE, sharding=sharding)
+        for name, ax in axes.items()
+    }
+
+
+def compile_for_shapes(
+    train_step: Any,
+    state: PyTree,
+    local_shapes: list[tuple[int, ...]],
+    layout: parallel.Layout,
+    note: Callable[[str], None],
+) -> Callable[[PyTree, PyTree], tuple[PyTree, dict[str, Metric]]]:
+    """``train_step`` compiled ahead of time for every batch shape of the plan (this process's
+    ``local_shapes``; rows times ``process_count`` globally), the compile time of each logged,
+    so that no compilation interrupts training; a batch of another shape is compiled then."""
+    abstract_state = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
+    )
+    compiled: dict[tuple[int, ...], Any] = {}
+    times = []
+    for shape in local_shapes:
+        start = time.perf_counter()
+        global_shape = (shape[0] * jax.process_count(), *shape[1:])
+        batch = abstract_batch(global_shape, layout.batch)
+        compiled[global_shape] = train_step.lower(abstract_state, batch).compile()
+        times.append(f"{'x'.join(map(str, global_shape))} {time.perf_counter() - start:.1f} s")
+    note(f"compiled the train step for {len(compiled)} batch shapes: {', '.join(times)}")
+
+    def step(state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Metric]]:
+        executable = compiled.get(batch["src"].shape)
+        return (executable or train_step)(state, batch)
+
+    return step
 
 
 def optax_global_norm(tree: PyTree) -> jax.Array:
@@ -396,6 +445,8 @@ def train_and_evaluate(
         )
     encode = tokenizer.encode_batch
 
+    packing = model.packing() if config.data.get("packed", True) else None
+
     def plan(docs: list[Document], train: bool) -> pipeline_lib.BatchPlan:
         cfg = pipeline_config(
             config.data,
@@ -403,14 +454,18 @@ def train_and_evaluate(
             train,
             model.layout.sentence_level,
             batch_multiple=layout.batch_shards,
+            packing=packing,
         )
         return pipeline_lib.plan_batches(docs, encode, cfg)
 
     train_plan, dev_plan = plan(train_docs, True), plan(dev_docs, False)
+    shapes = sorted(train_plan.local_shapes)
     runlog.note(
         f"data: {len(train_docs)} train / {len(dev_docs)} dev documents, "
-        f"{train_plan.batches_per_epoch} train batches per epoch, "
-        f"{len(train_plan.local_shapes)} train batch shapes ({model.layout.value})"
+        f"{train_plan.batches_per_epoch} train batches per epoch, {len(shapes)} train batch "
+        f"shapes {shapes} ({model.layout.value}, "
+        + (f"packed {packing.unit}s" if packing else "[B, S, T] grid")
+        + f"), {100 * train_plan.stats.padding_fraction:.1f}% padding"
     )
 
     shardings, abstract, tx, schedule = train_state.build_optimizer_state(
@@ -447,6 +502,8 @@ def train_and_evaluate(
     )
 
     train_step, eval_step = make_steps(objective, tx, schedule, tcfg.seed, layout, shardings)
+    if tcfg.get("aot_compile", True):
+        train_step = compile_for_shapes(train_step, state, shapes, layout, runlog.note)
     if tcfg.get("dev_bleu", False):
         eval_hooks = (
             *eval_hooks,
