@@ -18,6 +18,32 @@ Documents come as chunks ``[B, S, T]`` (``S`` sentences of ``T`` tokens, PAD aft
   a chunk in order, the memory of sentence ``k`` being the decoder states of the translation
   chosen for ``k-1`` (never the reference): :mod:`docnmt_jax.decoding.search`, slot by slot.
 
+Packed rows (training, issue 14; docs/design/issue14_packing_plan.md §1, §2.3-2.5): with
+``segments`` the inputs are rows ``[B, L]`` that hold whole chunks one after another
+(:data:`Segments`: per token its sentence and chunk ids, the sentence's slot ``k`` in the chunk,
+its position in the sentence and in the chunk), and the module computes, for every real token,
+exactly what the grid computes, with masks in place of the grid's axes: local layers attend
+within the sentence (``doc2sent``: the chunk), the global layer within the chunk at the clipped
+distance of the sentence slots, a chunk with one sentence skips it, the decoder attends
+causally within the sentence, its XL memory is the tokens of the same chunk with slot
+``k - 1``, cross-attention reads the source tokens of the same sentence. Why this is the grid's
+computation: the masks select the same key sets (ids are unique in a row and a chunk never
+leaves its row); the XL distances are differences of chunk positions, which count real target
+tokens only, so ``(C_{k-1} + n_{k-1} + i) - (C_{k-1} + j) = i + n_{k-1} - j`` is the grid's
+memory distance and ``i - j`` its current one, whatever gaps the row has; masked keys get weight
+exactly 0 and everything else acts per token, so by induction over layers every real token's
+states, logits and loss terms are the grid's, and so are the gradients (the stop-gradient sits on
+the same memory states). Attention is banded (:class:`~.layers.Band`): blocks of
+``W = packed_block`` queries see windows of neighbouring blocks sized from ``M =
+max_sentence_len`` and ``D = packed_drift``: ``ceil((M-1)/W)`` blocks either way for the local
+layers, ``ceil((M-1)/W)`` back for the causal part, ``ceil((2M-1)/W)`` back for the memory
+(sentence ``k - 1`` starts at most ``M`` slots before sentence ``k`` under the drift rule), and
+``ceil((M-1+D)/W)`` either way for cross-attention (a sentence's sides start within ``D``
+slots); the global layer and ``doc2sent``'s local layers stay dense over the row. Windows drop
+only masked keys, so banded equals dense; their cost per token does not grow with ``L``. The
+data must keep every sentence within ``M`` tokens and the drift within ``D`` (the planner's
+:meth:`FinalModel.packing`), and at most ``max_segments`` sentences per chunk.
+
 Switches make the rows of Table 3 configurations of this one module (the switch table is in
 the config layer, ``configs/final_table3.py``); the decoder layer class is chosen once, in
 :meth:`Final.setup` (:class:`~.xl.XLDecoderLayer` or :class:`SentenceDecoderLayer`).
@@ -39,6 +65,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from docnmt_jax import flops
+from docnmt_jax.data import schema
+from docnmt_jax.data.tokenized import PackingConfig
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.decoding.beam_search import BeamResult
 from docnmt_jax.decoding.search import (
@@ -55,11 +83,17 @@ from docnmt_jax.models.xl import (
     Cache,
     Memory,
     MemoryKV,
+    PackedDecoderAttention,
     XLDecoderLayer,
     memory_from_states,
+    packed_decoder_attention,
 )
 
 Array = jax.Array
+#: Packed rows (:data:`~docnmt_jax.data.schema.PACKED_FEATURES`): ``{side}_{name}`` ``[B, L]``
+#: for ``side`` in src/tgt and ``name`` in :data:`SEGMENT_FEATURES`.
+Segments = dict[str, Array]
+SEGMENT_FEATURES = ("positions", "chunk_positions", "segment_ids", "chunk_ids", "sentence_index")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +106,11 @@ class FinalConfig(TransformerConfig):
     ``E^s_k``. ``segment_relative_attention``: the top encoder layer is the global layer
     (else all ``N`` layers are plain). ``context_fusion_gate``: gated fusion (else residual).
     ``xl_decoder``: Transformer-XL decoder (else the sentence decoder with absolute positions).
+
+    Packed rows (training): ``packed_block`` is the block width ``W`` of banded attention,
+    ``packed_drift`` the most the source and target offsets of a sentence may differ in a row
+    (the data's placement rule), ``max_sentence_len`` ``M`` the longest sentence with EOS on
+    either side; the attention windows are sized from them (module docstring).
     """
 
     reset_word_positions: bool = True
@@ -82,6 +121,9 @@ class FinalConfig(TransformerConfig):
     doc2sent: bool = False
     max_relative_distance: int = 20
     max_segments: int = 20
+    packed_block: int = 32
+    packed_drift: int = 16
+    max_sentence_len: int = 128
 
     def __post_init__(self) -> None:
         if self.max_relative_distance < 0:
@@ -90,6 +132,12 @@ class FinalConfig(TransformerConfig):
             raise ValueError(f"max_segments must be >= 1: {self.max_segments}")
         if self.num_encoder_layers < 1:
             raise ValueError(f"num_encoder_layers must be >= 1: {self.num_encoder_layers}")
+        if self.packed_block < 1:
+            raise ValueError(f"packed_block must be >= 1: {self.packed_block}")
+        if self.packed_drift < 0:
+            raise ValueError(f"packed_drift must be >= 0: {self.packed_drift}")
+        if self.max_sentence_len < 1:
+            raise ValueError(f"max_sentence_len must be >= 1: {self.max_sentence_len}")
 
 
 def _relpos_init() -> layers.Initializer:
@@ -102,18 +150,25 @@ class SegmentRelativeAttention(nn.Module):
     ``gamma^K``/``gamma^V`` (``[2R+1, H, D/H]``) are indexed by the clipped sentence distance
     ``k - kappa``. The query-gamma products are computed once per distance and spread over
     sentence pairs with a one-hot ``[S, S, 2R+1]``; the value term is (attention mass per
-    distance) @ ``gamma^V``. Nothing of size ``[S*T, S*T, D]`` is built.
+    distance) @ ``gamma^V``. Nothing of size ``[S*T, S*T, D]`` is built. Packed rows (given
+    ``sentence_index``) use one-hots per token instead: query token to (sentence, distance)
+    ``[L, S, 2R+1]`` and key token to sentence ``[L, S]``.
     """
 
     config: FinalConfig
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array, num_sentences: int) -> tuple[Array, Array]:
+    def __call__(
+        self, x: Array, mask: Array, num_sentences: int, sentence_index: Array | None = None
+    ) -> tuple[Array, Array]:
         """``x [B, S*T, D]``, token ``mask [B, S*T]`` -> (output ``[B, S*T, D]``, weights
-        ``[B, H, S*T, S*T]`` before dropout)."""
+        ``[B, H, S*T, S*T]`` before dropout). Packed rows (``sentence_index [B, L]``, the slot
+        of each token's sentence in its chunk): ``x [B, L, D]``, ``mask`` the boolean
+        attention mask ``[B, 1, L, L]`` (same chunk) and ``num_sentences`` the most sentences
+        a chunk may have; output ``[B, L, D]``, weights ``[B, H, L, L]``."""
         cfg = self.config
         batch, length, _ = x.shape
-        S, T = num_sentences, length // num_sentences
+        S = num_sentences
         H, dh = cfg.num_heads, cfg.d_model // cfg.num_heads
         R = cfg.max_relative_distance
         q = layers.heads_projection(H, cfg.d_model, cfg.dtype, name="query")(x)
@@ -124,23 +179,43 @@ class SegmentRelativeAttention(nn.Module):
         # Only distances |k - kappa| <= S - 1 occur in a chunk: slice those rows of gamma.
         used = min(R, S - 1)
         gamma_k, gamma_v = gamma_k[R - used : R + used + 1], gamma_v[R - used : R + used + 1]
-        sent = jnp.arange(S)
-        distance = jnp.clip(sent[:, None] - sent[None, :], -used, used) + used  # [S, S]
-        onehot = jax.nn.one_hot(distance, 2 * used + 1, dtype=jnp.float32)
-
         content = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
         q_gamma = jnp.einsum("bqhd,rhd->bhqr", q, gamma_k.astype(q.dtype)).astype(jnp.float32)
-        seg = jnp.einsum("bhstr,scr->bhstc", q_gamma.reshape(batch, H, S, T, -1), onehot)
-        logits = content.reshape(batch, H, S, T, S, T) + seg[..., None]
-        logits = logits.reshape(batch, H, length, length) / np.sqrt(dh)
-        weights = layers.masked_softmax(logits, mask[:, None, None, :] > 0)
+        if sentence_index is None:
+            T = length // S
+            sent = jnp.arange(S)
+            distance = jnp.clip(sent[:, None] - sent[None, :], -used, used) + used  # [S, S]
+            onehot = jax.nn.one_hot(distance, 2 * used + 1, dtype=jnp.float32)
+            seg = jnp.einsum("bhstr,scr->bhstc", q_gamma.reshape(batch, H, S, T, -1), onehot)
+            logits = content.reshape(batch, H, S, T, S, T) + seg[..., None]
+            logits = logits.reshape(batch, H, length, length) / np.sqrt(dh)
+            weights = layers.masked_softmax(logits, mask[:, None, None, :] > 0)
+        else:
+            # to_distance[b, q, c, r]: the key sentence c is at clipped distance r from the
+            # query's sentence; key_sentence[b, k, c]: key token k belongs to sentence c.
+            sent = jnp.arange(S)
+            distance = jnp.clip(sentence_index[..., None] - sent, -used, used) + used
+            to_distance = jax.nn.one_hot(distance, 2 * used + 1, dtype=jnp.float32)
+            key_sentence = jax.nn.one_hot(sentence_index, S, dtype=jnp.float32)
+            per_sentence = jnp.einsum("bhqr,bqcr->bhqc", q_gamma, to_distance)
+            seg = jnp.einsum("bhqc,bkc->bhqk", per_sentence, key_sentence)
+            weights = layers.masked_softmax((content + seg) / np.sqrt(dh), mask)
         dropped = nn.Dropout(cfg.attention_dropout_rate)(weights, deterministic=cfg.deterministic)
 
         out = jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(cfg.dtype), v)
-        mass = dropped.reshape(batch, H, S, T, S, T).sum(-1)  # [B, H, S, T, S]
-        mass = jnp.einsum("bhstc,scr->bhstr", mass, onehot)  # attention mass per distance
-        rel_v = jnp.einsum("bhstr,rhd->bsthd", mass.astype(cfg.dtype), gamma_v.astype(cfg.dtype))
-        out = out + rel_v.reshape(batch, length, H, dh)
+        if sentence_index is None:
+            mass = dropped.reshape(batch, H, S, T, S, T).sum(-1)  # [B, H, S, T, S]
+            mass = jnp.einsum("bhstc,scr->bhstr", mass, onehot)  # attention mass per distance
+            rel_v = jnp.einsum(
+                "bhstr,rhd->bsthd", mass.astype(cfg.dtype), gamma_v.astype(cfg.dtype)
+            )
+            out = out + rel_v.reshape(batch, length, H, dh)
+        else:
+            mass = jnp.einsum("bhqk,bkc->bhqc", dropped, key_sentence)
+            mass = jnp.einsum("bhqc,bqcr->bhqr", mass, to_distance)  # mass per distance
+            out = out + jnp.einsum(
+                "bhqr,rhd->bqhd", mass.astype(cfg.dtype), gamma_v.astype(cfg.dtype)
+            )
         return layers.output_projection(cfg.d_model, cfg.dtype, name="out")(out), weights
 
 
@@ -150,14 +225,23 @@ class GlobalContextLayer(nn.Module):
     config: FinalConfig
 
     @nn.compact
-    def __call__(self, h_local: Array, src_mask: Array) -> tuple[Array, Array]:
-        """``h^L [B, S, T, D]`` -> (``h [B, S, T, D]``, attention weights ``[B,H,S*T,S*T]``)."""
+    def __call__(
+        self, h_local: Array, src_mask: Array, sentence_index: Array | None = None
+    ) -> tuple[Array, Array]:
+        """``h^L [B, S, T, D]`` -> (``h [B, S, T, D]``, attention weights ``[B,H,S*T,S*T]``).
+        Packed rows (``sentence_index [B, L]`` given): ``h^L [B, L, D]`` and ``src_mask`` the
+        boolean attention mask ``[B, 1, L, L]`` of the chunks -> ``h [B, L, D]``."""
         cfg = self.config
-        B, S, T, D = h_local.shape
-        x = h_local.reshape(B, S * T, D)
+        if sentence_index is None:
+            B, S, T, D = h_local.shape
+            x = h_local.reshape(B, S * T, D)
+            mask = src_mask.reshape(B, S * T)
+        else:
+            B, L, D = h_local.shape
+            x, mask, S = h_local, src_mask, cfg.max_segments
         z = layers.layer_norm(cfg.dtype, name="input_norm")(x) if cfg.pre_ln else x
         h_global, weights = SegmentRelativeAttention(cfg, name="segment_attention")(
-            z, src_mask.reshape(B, S * T), S
+            z, mask, S, sentence_index
         )
         h_global = nn.Dropout(cfg.dropout_rate)(h_global, deterministic=cfg.deterministic)
         self.sow("intermediates", "h_local", x)
@@ -179,7 +263,28 @@ class GlobalContextLayer(nn.Module):
             fused = layers.layer_norm(cfg.dtype, name="fusion_norm")(fused)
         self.sow("intermediates", "fused", fused)
         h = cfg.sublayer("ffn_block")(fused, cfg.feed_forward("ffn"))
-        return h.reshape(B, S, T, D), weights
+        return h.reshape(h_local.shape), weights
+
+
+class LocalEncoderLayer(transformer.EncoderLayer):
+    """:class:`~.transformer.EncoderLayer` (the same parameters) that can run on the block
+    rows of packed rows: with a ``band`` its queries ``x [B * blocks, W, D]`` attend to the
+    keys and values of their windows (:meth:`~.layers.Band.windows`)."""
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array, band: layers.Band | None = None) -> Array:
+        cfg = self.config
+        attn = cfg.attention("self_attention")
+
+        def self_attention(h: Array) -> Array:
+            k, v = attn.project_kv(h)
+            if band is not None:
+                k, v = band.windows(k), band.windows(v)
+            return attn.attend(attn.project_q(h), k, v, mask)
+
+        x = cfg.sublayer("attention_block")(x, self_attention)
+        x = cfg.sublayer("ffn_block")(x, cfg.feed_forward("ffn"))
+        return layers.constrain(x, ("batch", "length", "embed"))
 
 
 class SentenceDecoderLayer(transformer.DecoderLayer):
@@ -201,6 +306,29 @@ class SentenceDecoderLayer(transformer.DecoderLayer):
     ) -> Array:
         self_mask = layers.causal_mask(y.shape[1]) & layers.padding_mask(tgt_mask, tgt_mask)
         return self(y, self_mask, encoded, cross_mask)[0]
+
+    def teacher_forced_packed(
+        self, y: Array, encoded: Array, attention: PackedDecoderAttention
+    ) -> Array:
+        """Packed rows: block rows ``y``, ``encoded`` ``[N, W, D]``; causal self-attention
+        within the sentence and cross-attention to its source, each over its band's windows
+        (the memory part of ``attention`` is not used)."""
+        a = attention
+
+        def self_block(h: Array) -> Array:
+            k, v = (a.current.windows(x) for x in self.self_attention.project_kv(h))
+            q = self.self_attention.project_q(h)
+            return self.self_attention.attend(q, k, v, a.current_mask)
+
+        def cross_block(h: Array) -> Array:
+            q = self.cross_attention.project_q(h)
+            k, v = (a.cross.windows(x) for x in self.cross_attention.project_kv(encoded))
+            return self.cross_attention.attend(q, k, v, a.cross_mask)
+
+        y = self.self_attention_block(y, self_block)
+        y = self.cross_attention_block(y, cross_block)
+        y = self.ffn_block(y, self.ffn)
+        return layers.constrain(y, ("batch", "length", "embed"))
 
     def memory_kv(self, memory: Array) -> None:
         return None
@@ -237,7 +365,7 @@ class Final(nn.Module):
                 cfg.param_dtype,
             )
         num_local = cfg.num_encoder_layers - int(cfg.segment_relative_attention)
-        self.encoder_layers = [transformer.EncoderLayer(cfg) for _ in range(num_local)]
+        self.encoder_layers = [LocalEncoderLayer(cfg) for _ in range(num_local)]
         if cfg.segment_relative_attention:
             self.global_layer = GlobalContextLayer(cfg)
         layer_class = XLDecoderLayer if cfg.xl_decoder else SentenceDecoderLayer
@@ -290,6 +418,42 @@ class Final(nn.Module):
     def encode(self, src: Array, src_mask: Array) -> Array:
         """``src [B, S, T]`` ids and mask -> fused source encodings ``h [B, S, T, D]``."""
         return self._encode(src, src_mask)[0]
+
+    def encode_packed(self, src: Array, segments: Segments) -> Array:
+        """Packed source rows ``src [B, L]`` (:data:`Segments`) -> ``h [B, L, D]``: what
+        :meth:`encode` gives every real token of the grid. Local layers attend within the
+        sentence (``doc2sent``: the chunk, dense over the row), banded; the global layer within
+        the chunk, dense over the row, at clipped sentence-index distances; tokens of chunks
+        with one sentence keep ``h^L``."""
+        cfg = self.config
+        L = src.shape[-1]
+        sidx, chunks = segments["src_sentence_index"], segments["src_chunk_ids"]
+        positions = segments["src_positions" if cfg.reset_word_positions else "src_chunk_positions"]
+        x = self.embed(src) + layers.sinusoidal_encoding(positions, cfg.d_model, cfg.dtype)
+        if cfg.segment_embedding:  # slots >= max_segments are the data's to exclude
+            x = x + jnp.take(jnp.asarray(self.segment_table, cfg.dtype), sidx, axis=0)
+        x = self.input_dropout(x, deterministic=cfg.deterministic)
+        if cfg.doc2sent:
+            band, ids = layers.Band.dense(L), chunks
+        else:
+            M = cfg.max_sentence_len
+            band = layers.Band.covering(L, cfg.packed_block, M - 1, M - 1)
+            ids = segments["src_segment_ids"]
+        blocks = band.blocks(ids)
+        mask = layers.segment_mask(blocks, band.windows(blocks))
+        x = band.blocks(x)
+        for layer in self.encoder_layers:
+            x = layer(x, mask, band)
+        h = band.unblock(x)
+        if cfg.segment_relative_attention:
+            chunk_mask = layers.segment_mask(chunks, chunks)  # [B, 1, L, L]
+            h_global, _ = self.global_layer(h, chunk_mask, sidx)
+            other = sidx[:, None, None, :] != sidx[:, None, :, None]
+            several = jnp.any(chunk_mask & other, axis=(1, 3))  # the chunk has > 1 sentence
+            h = jnp.where(several[..., None], h_global, h)
+        if cfg.pre_ln:
+            h = self.encoder_norm(h)
+        return h
 
     def sentence_attention(self, src: Array, src_mask: Array) -> Array:
         """Fig. 4: ``alpha^kappa_k = 1/|x_k| sum_i sum_j alpha^{kappa,j}_{k,i}`` averaged over
@@ -365,8 +529,37 @@ class Final(nn.Module):
         )
         return self._output(y).reshape(B, S, T, -1)
 
-    def __call__(self, src: Array, src_mask: Array, tgt: Array, tgt_mask: Array) -> Array:
-        """Logits ``[B, S, T, V]`` for targets ``tgt [B, S, T]`` (not shifted; EOS-terminated)."""
+    def decode_packed(self, encoded: Array, tgt_in: Array, segments: Segments) -> Array:
+        """Teacher-forced over packed rows: ``tgt_in [B, L]`` (shifted right within each
+        sentence) and ``encoded [B, L, D]`` (:meth:`encode_packed`) -> logits ``[B, L, V]``,
+        banded (:func:`~.xl.packed_decoder_attention`); the XL memory of sentence ``k`` is
+        ``SG`` of sentence ``k - 1`` of the same chunk, in the same row."""
+        cfg = self.config
+        attention = packed_decoder_attention(
+            segments, cfg.packed_block, cfg.max_sentence_len, cfg.packed_drift
+        )
+        band = attention.current  # every band has the same blocks
+        y = band.blocks(self._embed_target(tgt_in, segments["tgt_positions"]))
+        encoded = band.blocks(encoded)
+        for layer in self.decoder_layers:
+            y = layer.teacher_forced_packed(y, encoded, attention)
+        return self._output(band.unblock(y))
+
+    def __call__(
+        self,
+        src: Array,
+        src_mask: Array,
+        tgt: Array,
+        tgt_mask: Array,
+        segments: Segments | None = None,
+    ) -> Array:
+        """Logits ``[B, S, T, V]`` for targets ``tgt [B, S, T]`` (not shifted; EOS-terminated).
+        With ``segments`` (packed rows ``[B, L]``, :data:`Segments`): logits ``[B, L, V]``,
+        equal to the grid's for every real target token (module docstring)."""
+        if segments is not None:
+            encoded = self.encode_packed(src, segments)
+            tgt_in = layers.shift_right_segments(tgt, segments["tgt_positions"], BOS_ID)
+            return self.decode_packed(encoded, tgt_in, segments)
         encoded = self.encode(src, src_mask)
         return self.decode(encoded, src_mask, layers.shift_right(tgt, BOS_ID), tgt_mask)
 
@@ -457,6 +650,22 @@ class FinalModel(BaseModel):
     def __init__(self, config: FinalConfig, label_smoothing: float = 0.0):
         super().__init__(config, label_smoothing)
         self.layout = BatchLayout.SEQUENTIAL_CHUNKS if config.xl_decoder else BatchLayout.CHUNKS
+
+    def rows(self, batch: dict[str, Array]) -> dict[str, Array]:
+        """The grid batch as it is; a packed batch's rows with its :data:`Segments`."""
+        rows = {key: batch[key] for key in ("src", "src_mask", "tgt", "tgt_mask")}
+        if schema.is_packed(batch):
+            rows["segments"] = {
+                f"{side}_{name}": batch[f"{side}_{name}"]
+                for side in schema.SIDES
+                for name in SEGMENT_FEATURES
+            }
+        return rows
+
+    def packing(self) -> PackingConfig:
+        """Whole chunks in rows of 1024 slots, a sentence's source and target offsets within
+        ``packed_drift`` (the bound the cross-attention windows rely on)."""
+        return PackingConfig(unit="chunk", row_tokens=1024, drift=self.config.packed_drift)
 
     def sentence_attention(self, params: Any, batch: dict[str, Array]) -> Array:
         """Sentence-to-sentence attention of the global layer, ``[B, S, S]`` (Fig. 4)."""

@@ -4,7 +4,8 @@ decoder layer built on it, with the memory helpers.
 
 Every decoder layer used by a document model implements :class:`DecoderLayerInterface`, so
 the model picks its layer class once (``Final.setup``) and never branches on it afterwards:
-``teacher_forced`` (all positions at once, with the memory states), ``memory_kv`` (the
+``teacher_forced`` (all positions at once, with the memory states), ``teacher_forced_packed``
+(the same over packed rows, banded: :class:`PackedDecoderAttention`), ``memory_kv`` (the
 memory's self-attention keys/values for decoding, or ``None``), ``cross_kv`` and ``step``
 (one position against the cache, the memory and the cross-attention keys).
 
@@ -17,7 +18,7 @@ are per head.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import flax.linen as nn
 import jax
@@ -34,6 +35,80 @@ MemoryKV = dict[str, Any]  # {"mask": [B, Tm], "layer_i": {"key", "value": [B, H
 KeyPart = tuple[Array, Array, Array, Array]  # keys, values, boolean mask, distances
 
 
+class PackedDecoderAttention(NamedTuple):
+    """What a decoder layer attends to in packed rows (``teacher_forced_packed``), per query
+    block of the decoder's block rows ``[N = B * blocks, W]``: the bands (windows) of the three
+    key sets, their boolean masks ``[N, 1, W, K]`` and the relative distances ``[N, W, K]`` of
+    the self-attention parts (query minus key, in chunk positions). Built by
+    :func:`packed_decoder_attention`."""
+
+    current: layers.Band  # causal self-attention: the earlier tokens of the query's sentence
+    memory: layers.Band  # the previous sentence of the query's chunk (XL memory)
+    cross: layers.Band  # the source sentence with the query's segment id
+    current_mask: Array
+    current_distance: Array
+    memory_mask: Array
+    memory_distance: Array
+    cross_mask: Array
+    max_distance: int  # relative distances below it (the sinusoid table's rows)
+
+
+def packed_decoder_attention(
+    segments: dict[str, Array], width: int, max_sentence_len: int, drift: int
+) -> PackedDecoderAttention:
+    """The decoder's attention over packed rows (issue 14 design, §1 and §2.5) from the packed
+    features ``segments`` (``{src,tgt}_{positions, chunk_positions, segment_ids, chunk_ids,
+    sentence_index}``, ``[B, L]``), with blocks of ``width`` tokens:
+
+    * current part: same segment and ``pos_k <= pos_q`` (within ``M - 1`` tokens back);
+    * memory part: same chunk and ``sentence_index_k == sentence_index_q - 1``, the previous
+      sentence, which starts at most ``M`` slots before the query's sentence when the rows were
+      laid with drift ``<= drift`` (so within ``2M - 1`` tokens back);
+    * cross-attention: the source tokens with the query's segment id (within ``M - 1 + drift``
+      tokens either way);
+    * distances of both self-attention parts: ``tgt_chunk_positions`` of the query minus the
+      key's, the grid's ``i - j`` and ``i + n_mem - j`` (chunk positions count real tokens).
+
+    ``M = max_sentence_len`` (the longest sentence with EOS on either side)."""
+    L = segments["tgt_segment_ids"].shape[-1]
+    M = max_sentence_len
+    current = layers.Band.covering(L, width, M - 1, 0)
+    memory = layers.Band.covering(L, width, 2 * M - 1, 0)
+    cross = layers.Band.covering(L, width, M - 1 + drift, M - 1 + drift)
+
+    def query(name: str) -> Array:  # [N, W, 1]
+        return current.blocks(segments[name])[:, :, None]
+
+    def key(band: layers.Band, name: str) -> Array:  # [N, 1, K]
+        return band.windows(band.blocks(segments[name]))[:, None, :]
+
+    seg_q, chunk_q, cpos_q = (
+        query(f"tgt_{n}") for n in ("segment_ids", "chunk_ids", "chunk_positions")
+    )
+    current_mask = (
+        (seg_q == key(current, "tgt_segment_ids"))
+        & (seg_q > 0)
+        & (key(current, "tgt_positions") <= query("tgt_positions"))
+    )
+    memory_mask = (
+        (chunk_q == key(memory, "tgt_chunk_ids"))
+        & (chunk_q > 0)
+        & (key(memory, "tgt_sentence_index") == query("tgt_sentence_index") - 1)
+    )
+    cross_mask = (seg_q == key(cross, "src_segment_ids")) & (seg_q > 0)
+    return PackedDecoderAttention(
+        current=current,
+        memory=memory,
+        cross=cross,
+        current_mask=current_mask[:, None],
+        current_distance=cpos_q - key(current, "tgt_chunk_positions"),
+        memory_mask=memory_mask[:, None],
+        memory_distance=cpos_q - key(memory, "tgt_chunk_positions"),
+        cross_mask=cross_mask[:, None],
+        max_distance=2 * M,
+    )
+
+
 class DecoderLayerInterface(Protocol):
     """What a document model's decoder layer offers (see the module docstring)."""
 
@@ -48,6 +123,10 @@ class DecoderLayerInterface(Protocol):
         memory_mask: Array,
         encoded: Array,
         cross_mask: Array,
+    ) -> Array: ...
+
+    def teacher_forced_packed(
+        self, y: Array, encoded: Array, attention: PackedDecoderAttention
     ) -> Array: ...
 
     def memory_kv(self, memory: Array) -> tuple[Array, Array] | None: ...
@@ -98,7 +177,12 @@ class RelativeSelfAttention(nn.Module):
         return self.key(x), self.value(x)
 
     def attend(
-        self, q: Array, current: KeyPart, memory: KeyPart, heads_major: bool = False
+        self,
+        q: Array,
+        current: KeyPart,
+        memory: KeyPart,
+        heads_major: bool = False,
+        max_distance: int | None = None,
     ) -> Array:
         """Attention of ``q [N, Tq, H, d]`` over ``[memory; current]``.
 
@@ -107,7 +191,9 @@ class RelativeSelfAttention(nn.Module):
         memory row: the beams of a search); boolean masks broadcastable to ``[rows, 1, Tq, T]``
         and distances (query position minus key position, >= 0 where attended) to
         ``[rows, Tq, T]``, ``rows`` being that part's row count. With ``heads_major`` the keys
-        and values of both parts are ``[rows, H, T, d]`` (decoding caches).
+        and values of both parts are ``[rows, H, T, d]`` (decoding caches). The position terms
+        cover distances ``0 .. Tm + Tk - 1``, or ``0 .. max_distance - 1`` when given (packed
+        rows: no attended distance reaches ``2 * max_sentence_len``).
         """
         cfg = self.config
         N, Tq, H, dh = q.shape
@@ -117,7 +203,7 @@ class RelativeSelfAttention(nn.Module):
         B, Tm = mem_k.shape[0], mem_k.shape[length_axis]
         Tk = cur_k.shape[length_axis]
         G = N // B
-        num_distances = Tm + Tk
+        num_distances = Tm + Tk if max_distance is None else min(max_distance, Tm + Tk)
         rel = layers.sinusoidal_encoding(jnp.arange(num_distances), cfg.d_model, cfg.dtype)
         r = self.position(rel)  # [R, H, d]
         q_content = q + self.content_bias.astype(q.dtype)
@@ -237,6 +323,29 @@ class XLDecoderLayer(nn.Module):
         y = self._self_block(y, attend)
         cross_kv = self.cross_attention.project_kv(encoded)
         return self._rest(y, cross_kv, cross_mask, heads_major=False)
+
+    def teacher_forced_packed(
+        self, y: Array, encoded: Array, attention: PackedDecoderAttention
+    ) -> Array:
+        """Teacher-forced over packed rows: ``y`` and ``encoded`` are block rows ``[N, W, D]``
+        of the target and source rows. The memory keys and values are
+        ``memory_kv(SG(y))``, the current ones ``project_kv(y)`` (as :meth:`teacher_forced`),
+        each windowed by its band; ``attention`` selects which of them a query sees."""
+        a = attention
+        mem_k, mem_v = (a.memory.windows(x) for x in self.memory_kv(jax.lax.stop_gradient(y)))
+
+        def attend(h: Array) -> Array:
+            k, v = (a.current.windows(x) for x in self.self_attention.project_kv(h))
+            return self.self_attention.attend(
+                self.self_attention.project_q(h),
+                (k, v, a.current_mask, a.current_distance),
+                (mem_k, mem_v, a.memory_mask, a.memory_distance),
+                max_distance=a.max_distance,
+            )
+
+        y = self._self_block(y, attend)
+        cross_kv = tuple(a.cross.windows(x) for x in self.cross_attention.project_kv(encoded))
+        return self._rest(y, cross_kv, a.cross_mask, heads_major=False)
 
     def step(
         self,
