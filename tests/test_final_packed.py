@@ -13,6 +13,7 @@ from test_final import _fast
 
 from docnmt_jax.data import schema
 from docnmt_jax.models import layers
+from docnmt_jax.models.base import ModelError
 from docnmt_jax.models.final import Final, FinalConfig, FinalModel
 from docnmt_jax.models.xl import packed_decoder_attention
 
@@ -193,9 +194,13 @@ def test_banded_attention_equals_dense(batches, name):
     _assert_equal(got, want, index)  # padding logits differ: a fully masked row averages
 
 
-def test_packing_is_chunks_with_the_configured_drift():
-    packing = FinalModel(CFG).packing()
+def test_packing_is_chunks_with_the_configured_drift(batches):
+    model = FinalModel(CFG)
+    packing = model.packing()
     assert (packing.unit, packing.row_tokens, packing.drift) == ("chunk", 1024, 1)
+    for method in (model.sentence_attention, model.score):  # grid only
+        with pytest.raises(ModelError, match="grid"):
+            method(None, batches[1])
 
 
 def test_packed_config_is_validated():

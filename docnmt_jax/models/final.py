@@ -77,7 +77,7 @@ from docnmt_jax.decoding.search import (
     sentence_limits,
 )
 from docnmt_jax.models import layers, transformer
-from docnmt_jax.models.base import BaseModel, BatchLayout, register
+from docnmt_jax.models.base import BaseModel, BatchLayout, register, require_grid
 from docnmt_jax.models.transformer import TransformerConfig
 from docnmt_jax.models.xl import (
     Cache,
@@ -669,6 +669,7 @@ class FinalModel(BaseModel):
 
     def sentence_attention(self, params: Any, batch: dict[str, Array]) -> Array:
         """Sentence-to-sentence attention of the global layer, ``[B, S, S]`` (Fig. 4)."""
+        require_grid(batch, "sentence_attention")
         module = self.eval_module
         return module.apply(
             {"params": params}, batch["src"], batch["src_mask"], method=module.sentence_attention
@@ -716,6 +717,7 @@ class FinalModel(BaseModel):
         """Beam search of every sentence of the chunks: ids ``[B, S, L]`` (EOS, then PAD;
         padding sentences PAD). Slot by slot with the XL decoder (the base class), else every
         sentence of every chunk searched at once, without memory."""
+        require_grid(batch, "translate")
         if self.layout.sequential:
             return super().translate(params, batch, search)
         B, S = batch["src"].shape[:2]
