@@ -207,3 +207,18 @@ def test_packed_config_is_validated():
     for key, value in (("packed_block", 0), ("packed_drift", -1), ("max_sentence_len", 0)):
         with pytest.raises(ValueError, match=key):
             dataclasses.replace(CFG, **{key: value})
+
+
+def test_data_limits_beyond_the_windows_are_refused():
+    """Sentences longer than ``max_sentence_len`` (or chunks beyond ``max_segments``) would
+    fall outside the bands: the trainer's check names the keys to change."""
+    from docnmt_jax.data.tokenized import PipelineConfig
+
+    model = FinalModel(dataclasses.replace(CFG, max_sentence_len=64, max_segments=20))
+    packed = PipelineConfig(max_src_len=64, max_tgt_len=64, packing=model.packing())
+    model.check_data(packed)
+    with pytest.raises(ModelError, match=r"max_src_len/max_tgt_len \(65\).*max_sentence_len"):
+        model.check_data(dataclasses.replace(packed, max_tgt_len=65))
+    model.check_data(dataclasses.replace(packed, max_tgt_len=128, packing=None))  # grid: fine
+    with pytest.raises(ModelError, match="max_sentences .21. > config.model.max_segments"):
+        model.check_data(dataclasses.replace(packed, max_sentences=21))

@@ -41,7 +41,7 @@ from flax import struct
 from docnmt_jax.training import losses
 
 if TYPE_CHECKING:
-    from docnmt_jax.data.tokenized import PackingConfig
+    from docnmt_jax.data.tokenized import PackingConfig, PipelineConfig
 
 Array = jax.Array
 PyTree = Any
@@ -172,6 +172,10 @@ class BaseModel:
         (:class:`~docnmt_jax.data.tokenized.PackingConfig`), or None for the ``[B, S, T]``
         grid. Decoding, :meth:`score` and :meth:`with_random_context` use the grid."""
         return None
+
+    def check_data(self, config: PipelineConfig) -> None:
+        """Raises :class:`ModelError` (naming the config keys) when batches of the pipeline
+        ``config`` break an assumption of the model; default: none."""
 
     # Interface ---------------------------------------------------------------------------
 

@@ -66,7 +66,7 @@ import numpy as np
 
 from docnmt_jax import flops
 from docnmt_jax.data import schema
-from docnmt_jax.data.tokenized import PackingConfig
+from docnmt_jax.data.tokenized import PackingConfig, PipelineConfig
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.decoding.beam_search import BeamResult
 from docnmt_jax.decoding.search import (
@@ -77,7 +77,7 @@ from docnmt_jax.decoding.search import (
     sentence_limits,
 )
 from docnmt_jax.models import layers, transformer
-from docnmt_jax.models.base import BaseModel, BatchLayout, register, require_grid
+from docnmt_jax.models.base import BaseModel, BatchLayout, ModelError, register, require_grid
 from docnmt_jax.models.transformer import TransformerConfig
 from docnmt_jax.models.xl import (
     Cache,
@@ -666,6 +666,23 @@ class FinalModel(BaseModel):
         """Whole chunks in rows of 1024 slots, a sentence's source and target offsets within
         ``packed_drift`` (the bound the cross-attention windows rely on)."""
         return PackingConfig(unit="chunk", row_tokens=1024, drift=self.config.packed_drift)
+
+    def check_data(self, config: PipelineConfig) -> None:
+        """Packed rows are banded for sentences of at most ``max_sentence_len`` tokens and
+        chunks of at most ``max_segments`` sentences: longer ones would lose keys silently."""
+        cfg = self.config
+        longest = max(config.max_src_len, config.max_tgt_len)
+        if config.packing is not None and longest > cfg.max_sentence_len:
+            raise ModelError(
+                f"config.data.max_src_len/max_tgt_len ({longest}) > "
+                f"config.model.max_sentence_len ({cfg.max_sentence_len}): raise "
+                "max_sentence_len (wider attention windows) or lower the data limits"
+            )
+        if config.sentences_per_chunk > cfg.max_segments:
+            raise ModelError(
+                f"config.data.max_sentences ({config.sentences_per_chunk}) > "
+                f"config.model.max_segments ({cfg.max_segments}): raise max_segments"
+            )
 
     def sentence_attention(self, params: Any, batch: dict[str, Array]) -> Array:
         """Sentence-to-sentence attention of the global layer, ``[B, S, S]`` (Fig. 4)."""

@@ -456,6 +456,7 @@ def train_and_evaluate(
             batch_multiple=layout.batch_shards,
             packing=packing,
         )
+        model.check_data(cfg)
         return pipeline_lib.plan_batches(docs, encode, cfg)
 
     train_plan, dev_plan = plan(train_docs, True), plan(dev_docs, False)
