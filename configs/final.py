@@ -21,4 +21,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.doc2sent = False  # lower encoder layers see each sentence alone
     config.model.max_relative_distance = 20  # clip of the sentence distance k - kappa
     config.model.max_segments = 20  # segment-embedding table size (>= data.max_sentences)
+    config.model.packed_block = 64  # packed training: block width of the banded attention
+    config.model.packed_drift = 16  # packed training: most a sentence's src/tgt offsets differ
+    config.model.max_sentence_len = 128  # packed training: >= data.max_src_len, max_tgt_len
     return config

@@ -12,11 +12,13 @@ import pytest
 from conftest import tiny_config
 
 from docnmt_jax.data import readers
+from docnmt_jax.data.tokenized import PipelineConfig
 from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from docnmt_jax.decoding import beam_search as bs
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.decoding.translator import Translator
 from docnmt_jax.models import BatchLayout, build_model
+from docnmt_jax.models.base import ModelError
 from docnmt_jax.models.concat import (
     SEP_ID,
     Doc2DocConfig,
@@ -206,6 +208,11 @@ def test_config_guards_packed_length():
         jax.eval_shape(task.init, jax.random.PRNGKey(0), _batch())  # 4 * 5 = 20 slots
     with pytest.raises(ValueError, match="max_len"):
         Doc2DocConfig(max_len=0)
+    # Packed training rows: the data's chunk bound is checked before training.
+    packed = PipelineConfig(max_sentences=4, max_src_len=5, max_tgt_len=4, packing=task.packing())
+    with pytest.raises(ModelError, match=r"up to 20 tokens .*max_len=19"):
+        task.check_data(packed)
+    task.check_data(dataclasses.replace(packed, max_src_len=4))  # 16 slots fit
 
 
 def test_score_is_the_per_sentence_sum_of_the_packed_log_likelihood():

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from docnmt_jax import flops
 from docnmt_jax.data.schema import is_packed
-from docnmt_jax.data.tokenized import PackingConfig
+from docnmt_jax.data.tokenized import PackingConfig, PipelineConfig
 from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from docnmt_jax.decoding.search import SearchConfig, search_rows, source_length_limits
 from docnmt_jax.models.base import BaseModel, BatchLayout, ModelError, register, require_grid
@@ -195,11 +195,22 @@ class Doc2DocModel(BaseModel):
         """Whole chunks laid end to end in rows of 1,024 slots (2,048 for the longest)."""
         return PackingConfig(unit="chunk", row_tokens=1024)
 
+    def check_data(self, config: PipelineConfig) -> None:
+        """A packed row holds whole chunks of up to ``max_sentences * max_len`` slots per side;
+        that bound must fit ``max_len`` (the grid checks each batch's ``S * T`` instead)."""
+        if config.packing is not None:
+            longest = config.sentences_per_chunk * max(config.max_src_len, config.max_tgt_len)
+            if longest > self.config.max_len:
+                raise ModelError(
+                    f"a chunk of up to {longest} tokens (config.data.max_sentences x "
+                    f"max_src_len/max_tgt_len) > config.model.max_len={self.config.max_len}; "
+                    "raise max_len or lower the data limits"
+                )
+
     def rows(self, batch: dict[str, Array]) -> dict[str, Array]:
         """Packed ``src``/``tgt`` rows ``[B, S*T]`` and their masks; a packed batch keeps
         its rows, each chunk one segment (separators marked, positions inside the chunk)."""
-        if is_packed(batch):
-            self._check_length(batch["src"].shape[1])
+        if is_packed(batch):  # chunk lengths are data: check_data bounds them
             rows = packed_rows(batch, unit="chunk")
             rows["tgt"] = mark_separators_packed(
                 batch["tgt"], batch["tgt_mask"], batch["tgt_sentence_index"], batch["tgt_chunk_ids"]

@@ -121,7 +121,7 @@ class FinalConfig(TransformerConfig):
     doc2sent: bool = False
     max_relative_distance: int = 20
     max_segments: int = 20
-    packed_block: int = 32
+    packed_block: int = 64  # Bible, TED size, CPU: 64 beat 16/32/128/256 (BUILD_NOTES)
     packed_drift: int = 16
     max_sentence_len: int = 128
 
