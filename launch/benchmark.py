@@ -6,7 +6,10 @@ Sections (``--sections``; default ``peak,train,corpus,decode,growth``):
             step, achieved FLOP/s and MFU against the measured peak, compiled memory
   corpus    per model, packed rows and [B,S,T] grid: real target tokens/s training on the
             real corpus plan (``--tsv``, its padding, shapes and compilations), padding %,
-            shapes, compile seconds, ratios to the Transformer and to the grid
+            shapes, compile seconds, ratios to the Transformer and to the grid; then
+            translating the test books (``--corpus-test-tsv``) as translate.py batches them,
+            beam and greedy, --decode-repeats passes: sentences/s, tokens/s, batches,
+            shapes, compilations, ratio to the Transformer
   decode    per model: fixed-length beam search and greedy on the same documents,
             sentences/s, tokens/s, XLA compilations
   growth    train-step time, compiled memory and analytic FLOPs against sentences per chunk
@@ -83,6 +86,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--corpus-steps", type=int, help="timed train steps per model: 20 / 2")
     g.add_argument("--corpus-layouts", default="packed,grid", help="packed and/or grid")
     g.add_argument("--corpus-vocab", type=int, help="SentencePiece pieces trained: 8000 / 300")
+    g.add_argument(
+        "--corpus-test-tsv",
+        default="data/bible/test.tsv",
+        help="documents the corpus section translates (TSV or blank-line text); '': skip",
+    )
+    g.add_argument(
+        "--corpus-test-docs", type=int, help="translate the first N test documents; 0: all / 4"
+    )
+    g.add_argument(
+        "--corpus-checkpoint",
+        action="append",
+        metavar="MODEL=WORKDIR",
+        help="translate with MODEL's trained run (best checkpoint, its tokenizer) instead of "
+        "random-init parameters at a forced --decode-len; repeatable",
+    )
+    g.add_argument(
+        "--corpus-translate-tokens",
+        type=int,
+        default=4096,
+        help="padded source tokens per translation batch (translate.py --batch_tokens)",
+    )
     g.add_argument("--num-batches", type=int, default=2000, help="batches timed per run")
     g.add_argument("--modes", default="document,sentence", help="document and/or sentence")
     g.add_argument("--max-sentences", type=int, default=20)

@@ -133,7 +133,6 @@ def test_quick_profile_writes_traces(tmp_path):
     assert any(f.endswith(".xplane.pb") for f in files)
 
 
-@pytest.mark.slow
 def _corpus_copy(synthetic_dir, tmp_path):
     """The synthetic training TSV copied to ``tmp_path`` (the corpus section caches its
     tokenizer next to the TSV)."""
@@ -142,16 +141,35 @@ def _corpus_copy(synthetic_dir, tmp_path):
     return str(tsv)
 
 
-def test_quick_corpus_trains_each_model_on_the_real_plan(synthetic_dir, tmp_path):
+def _test_tsv(synthetic_dir):
+    return "--corpus-test-tsv=" + os.path.join(synthetic_dir, "test.tsv")
+
+
+def _test_sentences(synthetic_dir, documents=4):
+    """Sentences of the first ``documents`` test documents (``--quick``: 4)."""
+    from docnmt_jax.data.readers import read_tsv
+
+    docs = read_tsv(os.path.join(synthetic_dir, "test.tsv"))[:documents]
+    return sum(len(d) for d in docs)
+
+
+def test_quick_corpus_trains_and_translates_each_model_on_the_real_plan(synthetic_dir, tmp_path):
     tsv = _corpus_copy(synthetic_dir, tmp_path)
     models = "transformer,doc2doc,final"
-    result, stdout = _run(tmp_path, "--sections=corpus", f"--tsv={tsv}", f"--models={models}")
-    _check_corpus(result, models.split(","))
+    result, stdout = _run(
+        tmp_path,
+        "--sections=corpus",
+        f"--tsv={tsv}",
+        f"--models={models}",
+        _test_tsv(synthetic_dir),
+    )
+    _check_corpus(result, models.split(","), _test_sentences(synthetic_dir))
     assert (tmp_path / "spm_300.model").exists()  # trained once, reused by the next run
     assert "| doc2doc | packed |" in stdout
+    assert "| final | greedy | random, EOS never |" in stdout
 
 
-def _check_corpus(result, models):
+def _check_corpus(result, models, test_sentences):
     corpus = result["corpus"]
     runs = {(r["model"], r["layout"]): r for r in corpus["runs"]}
     for name in models:
@@ -171,12 +189,73 @@ def _check_corpus(result, models):
         runs[("doc2doc", "packed")]["padding_fraction"]
         < 0.5 * runs[("doc2doc", "grid")]["padding_fraction"]
     )
+    _check_corpus_translate(corpus["translate"], models, test_sentences)
 
 
+def _check_corpus_translate(result, models, test_sentences):
+    runs = {(r["model"], r["search"]): r for r in result["runs"]}
+    assert set(runs) == {(m, s) for m in models for s in ("beam 5", "greedy")}
+    assert result["documents"] == 4 and result["sentences"] == test_sentences
+    assert result["baseline"] == "transformer" and result["decode_len"] == 4
+    for (name, _), r in runs.items():
+        assert r["sentences"] == test_sentences  # every test sentence translated
+        assert _positive(r["seconds"], r["sentences_per_s"], r["tokens_per_s"])
+        assert _positive(r["compile_seconds"], r["sentences_per_s_ratio"])
+        assert 1 <= r["shapes"] <= r["batches"] and r["compilations"] >= r["shapes"]
+        assert r["recompilations"] == 0 and 0.0 <= r["src_padding_fraction"] < 1.0
+        assert r["params"] == "random, EOS never" and r["forced_len"] == 4
+        assert r["output_tokens"] == 4 * test_sentences  # decoder steps: 4 per sentence
+        if name != "doc2doc":  # (Doc2Doc cuts a chunk's n x 4 steps at its separators)
+            assert r["min_output_len"] == r["max_output_len"] == 4  # forced, EOS last
+    for search in ("beam 5", "greedy"):
+        assert runs[("transformer", search)]["sentences_per_s_ratio"] == 1.0
+
+
+def test_corpus_translates_with_a_trained_checkpoint(synthetic_dir, tmp_path):
+    """``--corpus-checkpoint MODEL=WORKDIR``: the run's model, tokenizer and best checkpoint
+    restored as translate.py restores them; real EOS, so lengths are the model's own."""
+    from conftest import tiny_config
+
+    from docnmt_jax.benchmarking import corpus
+    from docnmt_jax.benchmarking.workload import UsageError
+    from docnmt_jax.training import trainer
+
+    workdir = str(tmp_path / "run")
+    trainer.train_and_evaluate(tiny_config(synthetic_dir, num_steps=2), workdir)
+    args = argparse.Namespace(
+        corpus_test_tsv=os.path.join(synthetic_dir, "test.tsv"),
+        corpus_test_docs=2,
+        corpus_checkpoint=[f"transformer={workdir}"],
+        beam=2,
+        decode_len=4,
+        decode_repeats=1,
+        corpus_translate_tokens=4096,
+        max_sentences=20,
+        max_len=128,
+    )
+    # the tasks and tokenizer are those of random-init models: unused with a checkpoint
+    result = corpus.translate_test(args, {"transformer": None}, None)
+    sentences = _test_sentences(synthetic_dir, documents=2)
+    assert [r["search"] for r in result["runs"]] == ["beam 2", "greedy"]
+    for r in result["runs"]:
+        assert r["params"].startswith(workdir) and r["forced_len"] is None
+        assert r["sentences"] == sentences and r["recompilations"] == 0
+        assert r["output_tokens"] == round(r["mean_output_len"] * sentences)
+        assert 1 <= r["min_output_len"] <= r["max_output_len"]
+        assert _positive(r["sentences_per_s"], r["tokens_per_s"], r["compile_seconds"])
+        assert r["sentences_per_s_ratio"] == 1.0
+    with pytest.raises(UsageError, match="not in --models"):
+        corpus.translate_test(args, {"final": None}, None)
+    args.corpus_checkpoint = [f"final={workdir}"]
+    with pytest.raises(UsageError, match="trained transformer, not final"):
+        corpus.translate_test(args, {"final": None}, None)
+
+
+@pytest.mark.slow
 def test_quick_run_as_a_whole(synthetic_dir, tmp_path):
     """``python launch/benchmark.py --quick --json FILE``, every default section and model."""
     tsv = _corpus_copy(synthetic_dir, tmp_path)
-    result, stdout = _run(tmp_path, f"--tsv={tsv}", fast=False)
+    result, stdout = _run(tmp_path, f"--tsv={tsv}", _test_tsv(synthetic_dir), fast=False)
     models = [r["model"] for r in result["train"]["runs"]]
     # Every registered model, the sentence Transformer first (the reference of the ratios).
     assert models[0] == "transformer"
@@ -184,7 +263,7 @@ def test_quick_run_as_a_whole(synthetic_dir, tmp_path):
     _check_train(result, models)
     _check_decode(result, models)
     _check_growth(result, ["transformer", "final"])
-    _check_corpus(result, models)
+    _check_corpus(result, models, _test_sentences(synthetic_dir))
     assert stdout.count("\n| ") > 10
 
 
@@ -215,7 +294,7 @@ def test_presets_fill_only_what_the_command_line_leaves_unset():
     args.steps = 7
     benchmarking.apply_presets(args)
     assert args.size == "tiny" and args.steps == 7
-    assert args.sections == "peak,train,decode,growth,profile"
+    assert args.sections == "peak,train,corpus,decode,growth,profile"
     with pytest.raises(ValueError, match="unknown sections"):
         benchmarking.apply_presets(
             argparse.Namespace(

@@ -198,3 +198,55 @@ def print_corpus(result: Results) -> None:
             f"| {r['real_tokens_per_step']:,.0f} | {r['tokens_per_s']:,.0f} "
             f"| {r['ratio_to_transformer']:.2f} | {grid} |"
         )
+    if result.get("translate"):
+        print_corpus_translate(result["translate"])
+
+
+def print_corpus_translate(result: Results) -> None:
+    """The corpus section's translation of the test books (``result["translate"]``)."""
+    print(
+        f"\n### corpus translation: {result['test_tsv']} ({result['documents']} documents, "
+        f"{result['sentences']} sentences), the Translator's batches of "
+        f"{result['batch_tokens']} source tokens; median of {result['repeats']} whole passes "
+        f"(interleaved), compilation excluded; ratio to {result['baseline']}; random-init "
+        f"params: EOS never generated, every output forced to {result['decode_len']} tokens "
+        "(tokens/s counts those decoder steps; tokens/sent is measured)\n"
+    )
+    rows = [
+        [
+            r["model"],
+            r["search"],
+            r["params"],
+            r["sentences"],
+            r["batches"],
+            f"{100 * r['src_padding_fraction']:.1f}",
+            r["shapes"],
+            f"{r['compilations']}" + (f" +{r['recompilations']}" if r["recompilations"] else ""),
+            f"{r['compile_seconds']:.1f}",
+            f"{r['mean_output_len']:.1f}",
+            f"{r['seconds']:.2f}",
+            f"{r['sentences_per_s']:,.1f}",
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['sentences_per_s_ratio']:.2f}",
+        ]
+        for r in result["runs"]
+    ]
+    print_table(
+        [
+            "model",
+            "search",
+            "params",
+            "sentences",
+            "batches",
+            "src padding %",
+            "shapes",
+            "compilations",
+            "compile s",
+            "tokens/sent",
+            "s (pass)",
+            "sentences/s",
+            "tokens/s",
+            "sent/s ratio",
+        ],
+        rows,
+    )

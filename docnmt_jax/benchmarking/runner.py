@@ -44,6 +44,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         growth_steps=3,
         corpus_steps=20,
         corpus_vocab=8000,
+        corpus_test_docs=0,
     ),
     "quick": dict(
         sections="peak,train,corpus,decode,growth",
@@ -63,6 +64,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         growth_steps=1,
         corpus_steps=2,
         corpus_vocab=300,
+        corpus_test_docs=4,
     ),
 }
 
