@@ -41,6 +41,7 @@ import os
 import time
 from typing import Any
 
+from docnmt_jax.benchmarking.pipeline import pipeline_config
 from docnmt_jax.benchmarking.workload import UsageError, add_ratios, build, model_names
 
 Results = dict[str, Any]
@@ -131,13 +132,7 @@ def corpus_section(args: argparse.Namespace, results: Results) -> Results:
     layouts = args.corpus_layouts.split(",")
     if set(layouts) - set(LAYOUTS):
         raise UsageError(f"--corpus-layouts takes {' and/or '.join(LAYOUTS)}: {layouts}")
-    base = P.PipelineConfig(
-        max_sentences=args.max_sentences,
-        max_src_len=args.max_len,
-        max_tgt_len=args.max_len,
-        batch_src_tokens=args.batch_tokens,
-        batch_tgt_tokens=args.batch_tokens,
-    )
+    base = pipeline_config(args)
     corpus = P.tokenize_corpus(docs, tokenizer.encode_batch, base)
     needed = args.warmup + args.corpus_steps
     runs: list[CorpusRun] = []

@@ -31,6 +31,20 @@ def spm_encoder(path: str) -> Callable[[Sequence[str]], list[list[int]]]:
     return lambda texts: sp.encode(list(texts))
 
 
+def pipeline_config(args: argparse.Namespace) -> Any:
+    """The ``PipelineConfig`` of ``--max-sentences``, ``--max-len`` (both sides) and
+    ``--batch-tokens`` (both sides); the rest default."""
+    from docnmt_jax.data import pipeline as P
+
+    return P.PipelineConfig(
+        max_sentences=args.max_sentences,
+        max_src_len=args.max_len,
+        max_tgt_len=args.max_len,
+        batch_src_tokens=args.batch_tokens,
+        batch_tgt_tokens=args.batch_tokens,
+    )
+
+
 def pipeline_section(args: argparse.Namespace, results: Results) -> Results:
     """``args``: ``tsv``, ``spm`` (None: :func:`word_encoder`), ``modes``, ``num_batches``,
     ``max_sentences``, ``max_len``, ``batch_tokens``."""
@@ -41,13 +55,7 @@ def pipeline_section(args: argparse.Namespace, results: Results) -> Results:
     docs = read_tsv(args.tsv)
     read_s = time.perf_counter() - t0
     encode = spm_encoder(args.spm) if args.spm else word_encoder()
-    base = P.PipelineConfig(
-        max_sentences=args.max_sentences,
-        max_src_len=args.max_len,
-        max_tgt_len=args.max_len,
-        batch_src_tokens=args.batch_tokens,
-        batch_tgt_tokens=args.batch_tokens,
-    )
+    base = pipeline_config(args)
     t0 = time.perf_counter()
     corpus = P.tokenize_corpus(docs, encode, base)
     tokenize_s = time.perf_counter() - t0

@@ -6,6 +6,7 @@ including the NumPy materialisation of a planned batch. With ``PipelineConfig.pa
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Union
@@ -81,7 +82,46 @@ def check_corpus_config(corpus: TokenizedCorpus, config: PipelineConfig) -> None
         )
 
 
-class BatchPlan:
+class EpochIteration(abc.ABC):
+    """Steps over epochs for a plan that defines ``config`` (a :class:`PipelineConfig`),
+    ``batches_per_epoch`` (the same in every epoch) and ``epoch(e) -> EpochPlan``: step ``n``
+    is batch ``n mod batches_per_epoch`` of epoch ``n // batches_per_epoch``."""
+
+    config: PipelineConfig
+    batches_per_epoch: int
+
+    @abc.abstractmethod
+    def epoch(self, e: int) -> EpochPlan:
+        """The global batches of epoch ``e``."""
+
+    @property
+    def num_batches(self) -> int | None:
+        """Total global batches, or None when repeating forever."""
+        e = self.config.num_epochs
+        return None if e is None else e * self.batches_per_epoch
+
+    def epochs_from(self, start_step: int = 0) -> Iterator[EpochPlan]:
+        """Global epoch plans from step ``start_step`` on (the first one sliced to start there)."""
+        if start_step < 0:
+            raise ValueError(f"start_step must be >= 0, got {start_step}")
+        nb = self.batches_per_epoch
+        if nb == 0:
+            if self.config.num_epochs is None:
+                raise ValueError("the plan has no batch per epoch: the corpus is too small")
+            return
+        e, i = divmod(start_step, nb)
+        while self.config.num_epochs is None or e < self.config.num_epochs:
+            yield self.epoch(e).slice(i)
+            e, i = e + 1, 0
+
+    def local_epochs_from(self, start_step: int = 0) -> Iterator[EpochPlan]:
+        """Like :meth:`epochs_from`, restricted to this process's rows."""
+        cfg = self.config
+        for plan in self.epochs_from(start_step):
+            yield plan.local(cfg.process_index, cfg.process_count)
+
+
+class BatchPlan(EpochIteration):
     """Deterministic global batch plan over epochs; step ``n`` = the ``n``-th global batch."""
 
     def __init__(self, corpus: TokenizedCorpus, config: PipelineConfig):
@@ -173,12 +213,6 @@ class BatchPlan:
         """``(B / process_count, S, T)`` of the batches this process materialises."""
         return frozenset((b // self.config.process_count, s, t) for b, s, t in self.shapes)
 
-    @property
-    def num_batches(self) -> int | None:
-        """Total global batches, or None when repeating forever."""
-        e = self.config.num_epochs
-        return None if e is None else e * self.batches_per_epoch
-
     # -- epochs ---------------------------------------------------------------------------------
 
     def epoch(self, e: int) -> EpochPlan:
@@ -217,26 +251,6 @@ class BatchPlan:
         plan = EpochPlan(ids, sizes.astype(np.int32), st[:, 0].copy(), st[:, 1].copy())
         self._cache = (e, plan)
         return plan
-
-    def epochs_from(self, start_step: int = 0) -> Iterator[EpochPlan]:
-        """Global epoch plans from step ``start_step`` on (the first one sliced to start there)."""
-        if start_step < 0:
-            raise ValueError(f"start_step must be >= 0, got {start_step}")
-        nb = self.batches_per_epoch
-        if nb == 0:
-            if self.config.num_epochs is None:
-                raise ValueError("the plan has no batch per epoch: the corpus is too small")
-            return
-        e, i = divmod(start_step, nb)
-        while self.config.num_epochs is None or e < self.config.num_epochs:
-            yield self.epoch(e).slice(i)
-            e, i = e + 1, 0
-
-    def local_epochs_from(self, start_step: int = 0) -> Iterator[EpochPlan]:
-        """Like :meth:`epochs_from`, restricted to this process's rows."""
-        cfg = self.config
-        for plan in self.epochs_from(start_step):
-            yield plan.local(cfg.process_index, cfg.process_count)
 
     # -- materialisation ------------------------------------------------------------------------
 

@@ -25,12 +25,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
 
 import numpy as np
 
 from docnmt_jax.data import schema
-from docnmt_jax.data.batch_plan import Batch, EpochPlan, _segments, check_corpus_config
+from docnmt_jax.data.batch_plan import (
+    Batch,
+    EpochIteration,
+    EpochPlan,
+    _segments,
+    check_corpus_config,
+)
 from docnmt_jax.data.tokenized import (
     PackingConfig,
     PipelineConfig,
@@ -86,7 +91,7 @@ def _first_fit_decreasing(
     return [order[by_row[bounds[r] : bounds[r + 1]]] for r in range(n_rows)]
 
 
-class PackedPlan:
+class PackedPlan(EpochIteration):
     """Deterministic global plan of packed batches over epochs; step ``n`` = the ``n``-th
     global batch. The same public surface as :class:`BatchPlan`, except that :attr:`shapes` and
     :attr:`local_shapes` are ``(B, L)`` pairs and :meth:`materialize` returns
@@ -223,14 +228,6 @@ class PackedPlan:
         """``(B / process_count, L)`` of the batches this process materialises."""
         return frozenset((b // self.config.process_count, L) for b, L in self.shapes)
 
-    @property
-    def num_batches(self) -> int | None:
-        """Total global batches, or None when repeating forever."""
-        e = self.config.num_epochs
-        return None if e is None else e * self.batches_per_epoch
-
-    # -- epochs ---------------------------------------------------------------------------------
-
     def epoch(self, e: int) -> EpochPlan:
         """The global batches of epoch ``e`` (cached: consecutive calls are free)."""
         if self._cache is not None and self._cache[0] == e:
@@ -255,26 +252,6 @@ class PackedPlan:
         plan = EpochPlan(ids, sizes.astype(np.int32), np.zeros_like(t), t)
         self._cache = (e, plan)
         return plan
-
-    def epochs_from(self, start_step: int = 0) -> Iterator[EpochPlan]:
-        """Global epoch plans from step ``start_step`` on (the first one sliced to start there)."""
-        if start_step < 0:
-            raise ValueError(f"start_step must be >= 0, got {start_step}")
-        nb = self.batches_per_epoch
-        if nb == 0:
-            if self.config.num_epochs is None:
-                raise ValueError("the plan has no batch per epoch: the corpus is too small")
-            return
-        e, i = divmod(start_step, nb)
-        while self.config.num_epochs is None or e < self.config.num_epochs:
-            yield self.epoch(e).slice(i)
-            e, i = e + 1, 0
-
-    def local_epochs_from(self, start_step: int = 0) -> Iterator[EpochPlan]:
-        """Like :meth:`epochs_from`, restricted to this process's rows."""
-        cfg = self.config
-        for plan in self.epochs_from(start_step):
-            yield plan.local(cfg.process_index, cfg.process_count)
 
     # -- materialisation ------------------------------------------------------------------------
 
