@@ -9,6 +9,7 @@ import random
 
 import numpy as np
 import pytest
+from test_pipeline import encode, make_docs
 
 from docnmt_jax.data import schema, synthetic
 from docnmt_jax.data.batch_plan import BatchPlan
@@ -162,26 +163,7 @@ def test_check_packed_batch_rejects_what_breaks_the_schema():
 # The packed planner.
 
 
-def encode(texts):
-    """Word-level test encoder: word ``w<n>`` -> id ``n + 4`` (no EOS)."""
-    return [[int(w[1:]) + 4 for w in t.split()] for t in texts]
-
-
-def make_docs(n_docs: int = 60, seed: int = 0, max_words: int = 18) -> list[Document]:
-    rng = random.Random(seed)
-
-    def sentence() -> str:
-        return " ".join(f"w{rng.randrange(50)}" for _ in range(rng.randint(0, max_words)))
-
-    docs = []
-    for d in range(n_docs):
-        n = rng.choice([0, 1, 2, 4, 5, 6, 9, 10, 11, 17, 23])
-        src, tgt = tuple(sentence() for _ in range(n)), tuple(sentence() for _ in range(n))
-        docs.append(Document(f"d{d}", src, tgt))
-    return docs
-
-
-DOCS = make_docs()
+DOCS = make_docs(60)
 BASE = PipelineConfig(
     max_sentences=5,
     max_src_len=24,
