@@ -13,7 +13,8 @@ Sections (``--sections``; default ``peak,train,corpus,decode,growth``):
   decode    per model: fixed-length beam search and greedy on the same documents,
             sentences/s, tokens/s, XLA compilations
   growth    train-step time, compiled memory and analytic FLOPs against sentences per chunk
-            and against sentence length, with the fitted log-log slope per model
+            and against sentence length, on the grid and on the model's packed rows
+            (``--growth-layouts``), with the fitted log-log slope per model and layout
   pipeline  (not in the default) throughput of the tf.data document pipeline on a TSV of
             documents (``doc_id<TAB>src<TAB>tgt``), document and sentence mode
   profile   (added by ``--profile DIR``) a ``jax.profiler`` trace per model
@@ -76,6 +77,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--growth-sentences", help="sentences per chunk: 1,5,10,20,40 / 1,3")
     g.add_argument("--growth-lengths", help="tokens per sentence: 16,32,64,128 / 6,12")
     g.add_argument("--growth-steps", type=int, help="timed steps per point: 3 / 1")
+    g.add_argument(
+        "--growth-layouts", default="grid,packed", help="grid and/or packed (the model's rows)"
+    )
     g = p.add_argument_group("corpus and pipeline")
     g.add_argument("--tsv", default="data/bible/train.tsv", help="TSV corpus of documents")
     g.add_argument(

@@ -103,14 +103,27 @@ def test_quick_decode(tmp_path):
 
 def _check_growth(result, models):
     sweeps, slopes = result["growth"]["sweeps"], result["growth"]["slopes"]
-    assert [p["sentences"] for p in sweeps["sentences"][models[0]]] == [1, 3]
-    assert [p["length"] for p in sweeps["length"][models[0]]] == [6, 12]
-    for name in models:
-        for axis in ("sentences", "length"):
-            assert all(_positive(p["step_seconds"]) for p in sweeps[axis][name])
-            assert math.isfinite(slopes[axis][name]["time"])
-    if "transformer" in models:  # the sentence model is linear in S
-        assert slopes["sentences"]["transformer"]["flops"] == pytest.approx(1.0)
+    for layout in ("grid", "packed"):
+        grid = sweeps["sentences"]["grid"][models[0]]
+        assert [p["sentences"] for p in sweeps["sentences"][layout][models[0]]] == [1, 3]
+        assert [p["length"] for p in sweeps["length"][layout][models[0]]] == [6, 12]
+        for name in models:
+            for axis in ("sentences", "length"):
+                points = sweeps[axis][layout][name]
+                assert all(_positive(p["step_seconds"]) for p in points)
+                assert all(p["layout"] == layout for p in points)
+                assert math.isfinite(slopes[axis][layout][name]["time"])
+        if "transformer" in models:  # the sentence model is linear in S
+            assert slopes["sentences"][layout]["transformer"]["flops"] == pytest.approx(1.0)
+    # Full packed rows, as many as the grid's 2 chunks x 3 sentences x 6 tokens need: one row
+    # of 128 with 21 sentences of 6 (the Transformer), one of 1024 with 56 chunks of 18 (FINAL).
+    assert grid[1]["batch"] == [2, 3, 6] and grid[1]["real_target_tokens"] == 36
+    expected = {"transformer": ([1, 128], 126), "final": ([1, 1024], 1008)}
+    for name in set(models) & set(expected):
+        point = sweeps["sentences"]["packed"][name][1]
+        assert (point["batch"], point["real_target_tokens"]) == expected[name]
+        work = point["step_seconds"] * 36 / expected[name][1]
+        assert point["work_seconds"] == pytest.approx(work)
 
 
 def test_quick_growth_reuses_the_train_point(tmp_path):
@@ -118,7 +131,7 @@ def test_quick_growth_reuses_the_train_point(tmp_path):
         tmp_path, "--sections=train,growth", "--models=transformer", "--growth-models=transformer"
     )
     _check_growth(result, ["transformer"])
-    point = result["growth"]["sweeps"]["sentences"]["transformer"][1]
+    point = result["growth"]["sweeps"]["sentences"]["grid"]["transformer"][1]
     assert point["step_seconds"] == result["train"]["runs"][0]["step_seconds"]
     assert "fitted log-log slopes" in stdout
 

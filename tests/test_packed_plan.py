@@ -14,7 +14,7 @@ from test_pipeline import encode, make_docs
 from docnmt_jax.data import schema, synthetic
 from docnmt_jax.data.batch_plan import BatchPlan
 from docnmt_jax.data.documents import Document
-from docnmt_jax.data.packed_plan import PackedPlan
+from docnmt_jax.data.packed_plan import PackedPlan, PackingError
 from docnmt_jax.data.pipeline import (
     PipelineConfig,
     make_dataset,
@@ -386,7 +386,7 @@ def test_process_rows_concatenate_to_the_global_batch():
 
 
 def test_oversize_item_is_a_one_line_error():
-    with pytest.raises(ValueError, match="max_src_len/max_tgt_len/max_sentences") as err:
+    with pytest.raises(PackingError, match="max_src_len/max_tgt_len/max_sentences") as err:
         plan_batches(DOCS, encode, cfg(PackingConfig("chunk", 4, max_shapes=2)))
     assert "\n" not in str(err.value) and "8" in str(err.value)
     with pytest.raises(ValueError, match="row_tokens"):

@@ -116,37 +116,46 @@ def print_decode(result: Results) -> None:
 def print_growth(result: Results) -> None:
     print(f"\n### growth: train step against batch shape ({result['chunks']} chunks)\n")
     rows = []
-    for axis, by_model in result["sweeps"].items():
-        for name, points in by_model.items():
-            for p in points:
-                rows.append(
-                    [
-                        name,
-                        axis,
-                        p["sentences"],
-                        p["length"],
-                        f"{1000 * p['step_seconds']:.1f}",
-                        f"{p['memory_bytes'] / 2**20:,.2f}",
-                        f"{p['temp_bytes'] / 2**20:,.2f}",
-                        fmt(p["flops_per_step"], ".3f", 1e-9),
-                    ]
-                )
-    headers = ["model", "sweep", "S", "T", "step ms", "compiled MiB", "temp MiB", "GFLOP/step"]
+    for axis, by_layout in result["sweeps"].items():
+        for layout, by_model in by_layout.items():
+            for name, points in by_model.items():
+                for p in points:
+                    rows.append(
+                        [
+                            name,
+                            layout,
+                            axis,
+                            p["sentences"],
+                            p["length"],
+                            "x".join(map(str, p["batch"])),
+                            p["real_target_tokens"],
+                            f"{1000 * p['step_seconds']:.1f}",
+                            f"{1000 * p['work_seconds']:.1f}",
+                            f"{p['memory_bytes'] / 2**20:,.2f}",
+                            f"{p['temp_bytes'] / 2**20:,.2f}",
+                            fmt(p["flops_per_step"], ".3f", 1e-9),
+                        ]
+                    )
+    headers = ["model", "layout", "sweep", "S", "T", "batch", "real tgt tokens", "step ms"]
+    headers += ["ms per grid batch", "compiled MiB", "temp MiB", "grid GFLOP"]
     print_table(headers, rows)
-    print("\nfitted log-log slopes (growth exponents):\n")
+    print("\nfitted log-log slopes (growth exponents; time per grid batch of real tokens):\n")
     rows = [
         [
             name,
+            layout,
             axis,
             f"{s['time']:.2f}",
             f"{s['memory']:.2f}",
             f"{s['temp_memory']:.2f}",
             fmt(s["flops"], ".2f"),
         ]
-        for axis, by_model in result["slopes"].items()
+        for axis, by_layout in result["slopes"].items()
+        for layout, by_model in by_layout.items()
         for name, s in by_model.items()
     ]
-    print_table(["model", "against", "time", "memory", "temp memory", "analytic FLOPs"], rows)
+    headers = ["model", "layout", "against", "time", "memory", "temp memory", "analytic FLOPs"]
+    print_table(headers, rows)
 
 
 def print_pipeline(result: Results) -> None:

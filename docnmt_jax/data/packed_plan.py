@@ -57,6 +57,11 @@ PLACEMENT_COLUMNS = (
 )
 
 
+class PackingError(ValueError):
+    """The data does not fit the packing's rows (a user's config mistake: one line, no
+    traceback)."""
+
+
 def _exclusive_cumsum(x: np.ndarray) -> np.ndarray:
     return np.cumsum(x) - x
 
@@ -151,11 +156,12 @@ class PackedPlan(EpochIteration):
         length_class = np.searchsorted(row_lengths, widest)
         if n_items and length_class.max() >= row_lengths.size:
             worst = int(np.argmax(widest))
-            raise ValueError(
+            raise PackingError(
                 f"a packed {self.packing.unit} needs {int(widest[worst])} slots, more than the "
                 f"longest row ({int(row_lengths[-1])} = packing row_tokens "
-                f"{self.packing.row_tokens} * 2**{row_lengths.size - 1}); lower data.max_src_len/"
-                "max_tgt_len/max_sentences or raise the row length"
+                f"{self.packing.row_tokens} * 2**{row_lengths.size - 1}); lower "
+                "config.data.max_src_len/max_tgt_len/max_sentences or raise "
+                "config.data.packed_row_tokens"
             )
         # Rows of every length class, class by class; row r holds items rows[r] (id order).
         rows: list[np.ndarray] = []
