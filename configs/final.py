@@ -24,4 +24,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.packed_block = 64  # packed training: block width of the banded attention
     config.model.packed_drift = 16  # packed training: most a sentence's src/tgt offsets differ
     config.model.max_sentence_len = 128  # packed training: >= data.max_src_len, max_tgt_len
+    # Pretrain-then-finetune (Zheng et al. 2020, Table 4) with the keys of transformer.py:
+    # init_from=<a run of configs/transformer.py or final.py> and init_from_rules=source (the
+    # encoder side only, "+ source TL") or all ("+ source & target TL"); FinalModel declares
+    # how a sentence Transformer's parameters fill it (FinalModel.transformer_rules).
     return config

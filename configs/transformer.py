@@ -42,6 +42,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.batch_multiple = 1  # batch rows are a multiple of this and of mesh data x fsdp
     config.data.packed = True  # train on packed rows (the model's packing); False: [B,S,T] grid
     config.data.packed_row_tokens = 0  # shortest packed row length; 0: the model's default
+    config.data.train_as = "documents"  # documents | sentences: every pair its own document
+    config.data.mix = ""  # "PATH [WEIGHT] [documents|sentences]; ...": train on these corpora
 
     # Training: Adam(0.9, 0.98, 1e-9), inverse-sqrt schedule (Vaswani et al. 2017, Eq. 3).
     config.train = ml_collections.ConfigDict()
@@ -63,6 +65,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.time_budget_minutes = 0.0  # stop (and save) after this long; 0 = no limit
     config.train.aot_compile = True  # compile the train step for every batch shape up front
     config.train.freeze = ()  # regexes over parameter paths: matching parameters are not trained
+    config.train.unfreeze_at_step = 0  # frozen parameters train from this step, fresh Adam; 0 never
+    config.train.schedule_offset = 0  # the LR schedule (warm-up too) restarts at this step; 0 never
 
     # Objective (docnmt_jax/objectives/): the learning algorithm wrapping the model's loss.
     config.objective = ml_collections.ConfigDict()
@@ -75,7 +79,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.mesh.model = 1  # tensor parallelism over heads, feed-forward units and vocabulary
 
     # Initialise parameters from another run (pretrain-then-finetune); optimiser starts fresh.
+    # Never applied when the workdir has its own checkpoint (resuming wins); the mapping table
+    # goes to WORKDIR/init_from.tsv (docnmt_jax/training/param_mapping.py).
     config.init_from = ""  # workdir, checkpoint directory or step directory
-    config.init_from_allow_new = False  # parameters absent from init_from keep their fresh init
-    config.init_from_ignore_unused = False  # skip checkpoint parameters the model lacks
+    config.init_from_which = "best"  # in a workdir: best (else latest), latest, or a step number
+    config.init_from_rules = ""  # "": same paths; all | source; "REGEX -> PATH|skip; ..." rules
+    config.init_from_allow_new = False  # parameters no rule maps and init_from lacks stay fresh
+    config.init_from_ignore_unused = False  # without rules: skip checkpoint parameters unused
     return config

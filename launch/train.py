@@ -23,6 +23,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from docnmt_jax import parallel
+from docnmt_jax.data.corpus_mix import DataConfigError
+from docnmt_jax.data.packed_plan import PackingError
 from docnmt_jax.models import ModelError
 from docnmt_jax.training.trainer import train_and_evaluate
 
@@ -106,7 +108,10 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)  # progress goes to the bar and WORKDIR/train.log
     try:
         result = train_and_evaluate(_CONFIG.value, workdir)
-    except ModelError as e:  # a mistake in the model/objective config: one line, no traceback
+    except (ModelError, PackingError, DataConfigError) as e:
+        # A config mistake: one line, no traceback. ModelError includes init_from's
+        # InitFromError (no such path, a rule matching nothing, shapes or vocabulary that
+        # do not fit) and the train.freeze / unfreeze_at_step / schedule_offset mistakes.
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)
     dev = " ".join(f"{k}={v:.4f}" for k, v in sorted(result.dev_metrics.items()))

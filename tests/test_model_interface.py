@@ -228,13 +228,14 @@ def test_toy_model_through_the_launch_scripts(synthetic_dir, tmp_path):
     assert out.returncode == 0 and 0 <= json.loads(out.stdout)["s_bleu"]["score"] <= 100
 
 
-def test_unknown_model_and_objective_are_one_line_errors(synthetic_dir, tmp_path):
+def test_unknown_model_objective_and_unpackable_data_are_one_line_errors(synthetic_dir, tmp_path):
     base = ["--config=configs/transformer.py", f"--workdir={tmp_path / 'x'}"]
     base.append(f"--config.data.data_dir={synthetic_dir}")
     for flag, words in [
         ("--config.model.name=nope", ["unknown model 'nope'", "'final'", "'transformer'"]),
         ("--config.objective.name=nope", ["unknown objective 'nope'", "maximum_likelihood"]),
         ("--config.objective.name=toy_needs_context", ["has no context"]),
+        ("--config.data.packed_row_tokens=4", ["slots", "config.data.packed_row_tokens"]),
     ]:
         out = _launch("train.py", *base, flag, "--config.data.vocab_size=300")
         assert out.returncode == 2, out.stderr[-2000:]

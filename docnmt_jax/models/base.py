@@ -173,6 +173,20 @@ class BaseModel:
         grid. Decoding, :meth:`score` and :meth:`with_random_context` use the grid."""
         return None
 
+    # Pretrain-then-finetune (:mod:`docnmt_jax.training.param_mapping`) -------------------
+
+    #: Parameters of the source side (embeddings and encoder), a regular expression matched
+    #: against the whole parameter path: what ``init_from_rules = "source"`` fills.
+    source_parameters: ClassVar[str] = r"embed/.*|encoder.*"
+
+    def transformer_rules(self) -> list[tuple[str, str]]:
+        """How a sentence-Transformer checkpoint of the same sizes fills this model, for the
+        ``init_from_rules`` presets ``all`` and ``source``: ordered ``(regular expression over
+        this model's parameter paths, checkpoint path template with groups \\1 ... | "skip")``,
+        the first full match wins; every rule must match some parameter. Default: every
+        parameter from the same path (models named like the Transformer)."""
+        return [(r"(.*)", r"\1")]
+
     def check_data(self, config: PipelineConfig) -> None:
         """Raises :class:`ModelError` (naming the config keys) when batches of the pipeline
         ``config`` break an assumption of the model; default: none."""

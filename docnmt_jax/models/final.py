@@ -667,6 +667,48 @@ class FinalModel(BaseModel):
         ``packed_drift`` (the bound the cross-attention windows rely on)."""
         return PackingConfig(unit="chunk", row_tokens=1024, drift=self.config.packed_drift)
 
+    #: The source side: embeddings, segment table, local layers, global layer (and pre-LN's
+    #: final encoder norm).
+    source_parameters: ClassVar[str] = r"embed/.*|segment_embedding|encoder.*|global_layer/.*"
+
+    def transformer_rules(self) -> list[tuple[str, str]]:
+        """A sentence Transformer with ``N = num_encoder_layers`` fills FINAL: the embedding, the
+        local layers from encoder layers ``0..N-2`` (all ``N`` without the global layer), the
+        global layer's attention, its norm (post-LN: the fusion norm; pre-LN: the input norm)
+        and feed-forward sublayer from encoder layer ``N-1``, the decoder layers from the
+        decoder layers (the XL layer's ``self_attention_norm`` from ``self_attention_block/
+        norm``). Fresh: the segment table, the relative tables ``gamma^K``/``gamma^V``, the
+        fusion gate, the XL ``u``/``v`` biases and relative-position projection ``W_R``."""
+        cfg = self.config
+        top = f"encoder_layers_{cfg.num_encoder_layers - 1}"
+        rules = [(r"(embed/.*)", r"\1"), (r"(encoder_layers_\d+/.*)", r"\1")]
+        if cfg.pre_ln:
+            rules.append((r"((encoder|decoder)_norm/.*)", r"\1"))
+        if cfg.segment_embedding:
+            rules.append((r"segment_embedding", "skip"))
+        if cfg.segment_relative_attention:
+            rules += [
+                (r"global_layer/segment_attention/relative_(key|value)", "skip"),
+                (r"global_layer/segment_attention/(.*)", rf"{top}/self_attention/\1"),
+                (r"global_layer/(fusion_norm|input_norm)/(.*)", rf"{top}/attention_block/norm/\2"),
+                (r"global_layer/(ffn|ffn_block)/(.*)", rf"{top}/\1/\2"),
+            ]
+            if cfg.context_fusion_gate:
+                rules.append((r"global_layer/gate/.*", "skip"))
+        if cfg.xl_decoder:
+            rules += [
+                (
+                    r"decoder_layers_\d+/self_attention/(content_bias|position_bias|position/.*)",
+                    "skip",
+                ),
+                (
+                    r"decoder_layers_(\d+)/self_attention_norm/(.*)",
+                    r"decoder_layers_\1/self_attention_block/norm/\2",
+                ),
+            ]
+        rules.append((r"(decoder_layers_\d+/.*)", r"\1"))
+        return rules
+
     def check_data(self, config: PipelineConfig) -> None:
         """Packed rows are banded for sentences of at most ``max_sentence_len`` tokens and
         chunks of at most ``max_segments`` sentences: longer ones would lose keys silently."""

@@ -8,7 +8,8 @@ Layout of a workdir::
 ``state`` is the train state as a state dict (params, optimiser state, step); ``meta`` is JSON:
 the step, the data-iterator position (global batches consumed), the dev metrics and the config.
 Restore order for a run: resume the latest checkpoint of this workdir; else, with
-``init_from``, take parameters only from another run (pretrain-then-finetune); else start fresh.
+``init_from``, take parameters only from another run (pretrain-then-finetune, mapped by
+:mod:`docnmt_jax.training.param_mapping`); else start fresh.
 """
 
 from __future__ import annotations
@@ -100,22 +101,51 @@ class Checkpointer:
         self.best.close()
 
 
-def resolve_state_dir(path: str) -> str:
-    """The ``.../<step>/state`` directory behind a workdir, a manager directory or a step."""
+def _steps(directory: str) -> list[int]:
+    """The numbered (finished) steps of a checkpoint directory, ascending."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
+
+
+def has_steps(workdir: str) -> bool:
+    """Whether ``workdir`` holds a finished latest checkpoint (the run would resume)."""
+    return bool(_steps(os.path.join(workdir, "checkpoints")))
+
+
+def resolve_state_dir(path: str, which: str = "best") -> str:
+    """The ``.../<step>/state`` directory behind a step directory, a checkpoint directory (its
+    newest step, or step ``which`` when a number) or a workdir (``which``: ``best`` -- its
+    ``best/``, else its latest -- ``latest``, or a step number in ``checkpoints/`` or
+    ``best/``)."""
     path = os.path.abspath(path)
-    candidates = [path]
-    for sub in ("best", "checkpoints"):
-        candidates.append(os.path.join(path, sub))
-    for cand in candidates:
-        if os.path.isdir(os.path.join(cand, "state")):
-            return os.path.join(cand, "state")
-        if os.path.isdir(cand):
-            steps = [int(d) for d in os.listdir(cand) if d.isdigit()]
-            if steps:
-                return os.path.join(cand, str(max(steps)), "state")
+    which = str(which)
+    if which not in ("best", "latest") and not which.isdigit():
+        raise ValueError(f"init_from_which must be best, latest or a step number, got {which!r}")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"init_from={path}: no checkpoint found: no such file or directory")
+    if os.path.isdir(os.path.join(path, "state")):
+        return os.path.join(path, "state")
+    if _steps(path):  # a checkpoint directory
+        step = int(which) if which.isdigit() else _steps(path)[-1]
+        if step in _steps(path):
+            return os.path.join(path, str(step), "state")
+        raise FileNotFoundError(f"init_from={path}: no step {step}; it holds {_steps(path)}")
+    best, latest = os.path.join(path, "best"), os.path.join(path, "checkpoints")
+    if which.isdigit():
+        for directory in (latest, best):
+            if int(which) in _steps(directory):
+                return os.path.join(directory, which, "state")
+    else:
+        order = (best, latest) if which == "best" else (latest, best)
+        for directory in order:
+            if _steps(directory):
+                return os.path.join(directory, str(_steps(directory)[-1]), "state")
     raise FileNotFoundError(
-        f"init_from={path}: no checkpoint found (expected a workdir with best/ or checkpoints/, "
-        "a checkpoint directory with numbered steps, or a step directory holding state/)"
+        f"init_from={path}: no checkpoint found"
+        + (f" at step {which}" if which.isdigit() else "")
+        + " (expected a workdir with best/ or checkpoints/, a checkpoint directory with "
+        "numbered steps, or a step directory holding state/)"
     )
 
 

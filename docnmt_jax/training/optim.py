@@ -1,18 +1,23 @@
-"""Adam with the inverse-square-root schedule of Vaswani et al. (2017), Eq. (3), and frozen
-parameters.
+"""Adam with the inverse-square-root schedule of Vaswani et al. (2017), Eq. (3), frozen
+parameters and training stages.
 
-lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), counted from step 1.
+lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), counted from step 1;
+``train.schedule_offset = k`` restarts the curve (warm-up included) at step ``k``.
 ``train.freeze`` (regular expressions searched in parameter paths such as
 ``encoder_layers_0/attention_block/norm/scale``) marks parameters that get no update and no
 optimiser moments (``optax.multi_transform`` with ``set_to_zero``); gradient clipping then
-sees only the trainable parameters' gradients.
+sees only the trainable parameters' gradients. With ``train.unfreeze_at_step = k`` they are
+released at step ``k``: until then their gradients are zeroed before clipping and their own
+Adam (:func:`released_at`) stands still with zero moments and count; from ``k`` on it runs as
+a fresh Adam (bias correction counted from the release) at the run's learning rate, and
+clipping sees every gradient.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -64,16 +69,73 @@ def count_by_label(params: PyTree, labels: PyTree) -> dict[str, int]:
     return counts
 
 
-def inverse_sqrt_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
-    """The Transformer schedule; ``scale`` multiplies the whole curve (1.0 = the paper)."""
+def inverse_sqrt_schedule(
+    d_model: int, warmup_steps: int, scale: float = 1.0, offset: int = 0
+) -> optax.Schedule:
+    """The Transformer schedule; ``scale`` multiplies the whole curve (1.0 = the paper). With
+    ``offset > 0`` the curve starts again at step ``offset`` (a new stage's warm-up): steps
+    before it follow the curve from 0, steps from it on the curve from ``offset``."""
     if warmup_steps < 1:
         raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
+    if offset < 0:
+        raise ModelError(f"config.train.schedule_offset must be >= 0, got {offset}")
 
     def schedule(count: jnp.ndarray) -> jnp.ndarray:
-        step = jnp.asarray(count, jnp.float32) + 1.0
+        count = jnp.asarray(count, jnp.int32)
+        if offset:
+            count = jnp.where(count >= offset, count - offset, count)
+        step = count.astype(jnp.float32) + 1.0
         return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
 
     return schedule
+
+
+class ReleaseState(NamedTuple):
+    """State of :func:`released_at` and :func:`hold_until`: updates seen so far, and the
+    wrapped transformation's state (frozen until the release)."""
+
+    count: jax.Array
+    inner: Any
+
+
+def released_at(inner: optax.GradientTransformation, step: int) -> optax.GradientTransformation:
+    """``inner`` from the ``step``-th update on; before it the updates are zero and ``inner``'s
+    state stays as initialised (Adam: zero moments, count 0), so at ``step`` it starts fresh."""
+
+    def init(params: PyTree) -> ReleaseState:
+        return ReleaseState(jnp.zeros((), jnp.int32), inner.init(params))
+
+    def update(
+        updates: PyTree, state: ReleaseState, params: PyTree | None = None
+    ) -> tuple[PyTree, ReleaseState]:
+        active = state.count >= step
+        new_updates, new_inner = inner.update(updates, state.inner, params)
+        updates = jax.tree.map(lambda u: jnp.where(active, u, jnp.zeros_like(u)), new_updates)
+        kept = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_inner, state.inner)
+        return updates, ReleaseState(optax.safe_int32_increment(state.count), kept)
+
+    return optax.GradientTransformation(init, update)
+
+
+def hold_until(mask: PyTree, step: int) -> optax.GradientTransformation:
+    """Zeroes the gradients where ``mask`` is True before the ``step``-th update (so that a
+    later global-norm clipping sees the trainable parameters' gradients only)."""
+
+    def init(params: PyTree) -> ReleaseState:
+        del params
+        return ReleaseState(jnp.zeros((), jnp.int32), optax.EmptyState())
+
+    def update(
+        updates: PyTree, state: ReleaseState, params: PyTree | None = None
+    ) -> tuple[PyTree, ReleaseState]:
+        del params
+        held = state.count < step
+        updates = jax.tree.map(
+            lambda u, m: jnp.where(held & m, jnp.zeros_like(u), u) if m else u, updates, mask
+        )
+        return updates, ReleaseState(optax.safe_int32_increment(state.count), state.inner)
+
+    return optax.GradientTransformation(init, update)
 
 
 def make_optimizer(
@@ -86,18 +148,45 @@ def make_optimizer(
     clip_norm: float | None = None,
     weight_decay: float = 0.0,
     labels: PyTree | None = None,
+    unfreeze_at_step: int = 0,
+    schedule_offset: int = 0,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """Adam(0.9, 0.98, 1e-9) under the inverse-sqrt schedule, optional global-norm clipping;
-    with ``labels`` (:func:`freeze_labels`) only the trainable parameters are updated."""
-    schedule = inverse_sqrt_schedule(d_model, warmup_steps, lr_scale)
-    parts = []
-    if clip_norm:
-        parts.append(optax.clip_by_global_norm(clip_norm))
-    if weight_decay:
-        parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
-    else:
-        parts.append(optax.adam(schedule, b1=b1, b2=b2, eps=eps))
-    tx = optax.chain(*parts)
-    if labels is not None and FROZEN in jax.tree.leaves(labels):
-        tx = optax.multi_transform({TRAINABLE: tx, FROZEN: optax.set_to_zero()}, labels)
+    """Adam(0.9, 0.98, 1e-9) under the inverse-sqrt schedule (restarted at
+    ``schedule_offset`` when > 0), optional global-norm clipping; with ``labels``
+    (:func:`freeze_labels`) only the trainable parameters are updated, until
+    ``unfreeze_at_step`` (> 0) from which the frozen ones train too, with fresh moments."""
+    if unfreeze_at_step < 0:
+        raise ModelError(f"config.train.unfreeze_at_step must be >= 0, got {unfreeze_at_step}")
+    schedule = inverse_sqrt_schedule(d_model, warmup_steps, lr_scale, schedule_offset)
+
+    def adam(learning_rate: optax.Schedule) -> optax.GradientTransformation:
+        if weight_decay:
+            return optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+        return optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
+
+    clip = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
+    frozen = labels is not None and FROZEN in jax.tree.leaves(labels)
+    if unfreeze_at_step and not frozen:
+        raise ModelError(
+            "config.train.unfreeze_at_step needs frozen parameters: set config.train.freeze"
+        )
+    if not frozen:
+        return optax.chain(*clip, adam(schedule)), schedule
+    if not unfreeze_at_step:
+        tx = optax.multi_transform(
+            {TRAINABLE: optax.chain(*clip, adam(schedule)), FROZEN: optax.set_to_zero()}, labels
+        )
+        return tx, schedule
+
+    def released_schedule(count: jnp.ndarray) -> jnp.ndarray:  # its count starts at release
+        return schedule(count + unfreeze_at_step)
+
+    mask = jax.tree.map(lambda label: label == FROZEN, labels)
+    inner = {
+        TRAINABLE: adam(schedule),
+        FROZEN: released_at(adam(released_schedule), unfreeze_at_step),
+    }
+    tx = optax.chain(
+        hold_until(mask, unfreeze_at_step), *clip, optax.multi_transform(inner, labels)
+    )
     return tx, schedule

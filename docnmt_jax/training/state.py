@@ -26,16 +26,23 @@ PyTree = Any
 def build_optimizer_state(
     model: Any, config: Any, layout: Layout, note: Any = print
 ) -> tuple[PyTree, PyTree, optax.GradientTransformation, optax.Schedule]:
-    """The optimiser of ``config.train`` for ``model`` (``train.freeze`` applied, the counts of
-    trainable and frozen parameters reported through ``note``), the train state's shardings
-    and its abstract form: ``(shardings, abstract, tx, schedule)``."""
+    """The optimiser of ``config.train`` for ``model`` (``train.freeze``, ``unfreeze_at_step``
+    and ``schedule_offset`` applied, the counts of trainable and frozen parameters reported
+    through ``note``), the train state's shardings and its abstract form: ``(shardings,
+    abstract, tx, schedule)``."""
     tcfg = config.train
     boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), dummy_batch())["params"]
     labels = optim.freeze_labels(nn.meta.unbox(boxed), tcfg.get("freeze", ()))
     counts = optim.count_by_label(nn.meta.unbox(boxed), labels)
+    unfreeze_at = int(tcfg.get("unfreeze_at_step", 0))
     note(
         f"parameters: {counts[optim.TRAINABLE]:,} trainable, {counts[optim.FROZEN]:,} frozen"
         + (f" (train.freeze={tcfg.freeze!r})" if counts[optim.FROZEN] else "")
+        + (
+            f", released at step {unfreeze_at} with fresh Adam moments"
+            if unfreeze_at and counts[optim.FROZEN]
+            else ""
+        )
     )
     tx, schedule = optim.make_optimizer(
         config.model.d_model,
@@ -43,6 +50,8 @@ def build_optimizer_state(
         tcfg.lr_scale,
         clip_norm=tcfg.clip_norm or None,
         labels=labels,
+        unfreeze_at_step=unfreeze_at,
+        schedule_offset=int(tcfg.get("schedule_offset", 0)),
     )
     shardings = state_shardings(model, tx, layout)
     return shardings, abstract_state(model, tx, shardings), tx, schedule

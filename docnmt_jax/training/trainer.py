@@ -3,7 +3,9 @@
 One ``jax.jit``-compiled train step (old state donated), an eval step summing dev loss, a tqdm
 bar, TensorBoard events and a plain-text log in the workdir, Orbax checkpoints (latest N and
 best by a dev metric), resume from the latest checkpoint including the data position,
-``init_from`` for params-only initialisation, a time budget, and SIGTERM -> save and exit.
+``init_from`` for params-only initialisation mapped by ``init_from_rules``
+(:mod:`docnmt_jax.training.param_mapping`; never applied when resuming), a time budget, and
+SIGTERM -> save and exit.
 Dropout keys are ``fold_in(seed_key, step)`` and the data plan is a pure function of the
 step, so a resumed run reproduces the uninterrupted one exactly.
 
@@ -21,6 +23,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -36,8 +39,8 @@ from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from docnmt_jax import parallel
+from docnmt_jax.data import corpus_mix, readers, schema
 from docnmt_jax.data import pipeline as pipeline_lib
-from docnmt_jax.data import readers, schema
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.schema import dummy_batch
 from docnmt_jax.data.tokenized import PackingConfig
@@ -48,7 +51,7 @@ from docnmt_jax.evaluation.metrics import score_documents
 from docnmt_jax.models import Metric, Model, build_model
 from docnmt_jax.models.base import reduce_metrics
 from docnmt_jax.objectives import Objective, build_objective
-from docnmt_jax.training import checkpoints
+from docnmt_jax.training import checkpoints, param_mapping
 from docnmt_jax.training import state as train_state
 
 PyTree = Any
@@ -59,8 +62,32 @@ EvalHook = Callable[[PyTree, int], dict[str, float]]
 # Data.
 
 
-def load_documents(data_cfg: ml_collections.ConfigDict, split: str) -> list[Document]:
-    """Documents of ``split`` ('train' | 'dev' | 'test') named by the data config."""
+def load_documents(
+    data_cfg: ml_collections.ConfigDict, split: str, seed: int = 0
+) -> list[Document]:
+    """Documents of ``split`` ('train' | 'dev' | 'test') named by the data config. Training
+    documents come from ``data.mix`` when set and are split into one-sentence documents with
+    ``data.train_as = "sentences"`` (:mod:`docnmt_jax.data.corpus_mix`; ``seed`` orders them)."""
+    train_as = corpus_mix.check_train_as(data_cfg.get("train_as", "documents"))
+    if split == "train" and data_cfg.get("mix", ""):
+        if data_cfg.get("train", ""):
+            raise corpus_mix.DataConfigError(
+                "config.data.mix and config.data.train are both set: the mix is the training "
+                "corpus (add data.train to it as an entry)"
+            )
+        fmt = data_cfg.get("format", "auto")
+        entries = corpus_mix.parse_mix(data_cfg.mix)
+        docs = corpus_mix.mix_documents(entries, lambda p: readers.read_corpus(p, fmt), seed)
+    else:
+        docs = read_split(data_cfg, split)
+    if split == "train" and train_as == "sentences":
+        docs = corpus_mix.as_sentences(docs, seed)
+    return docs
+
+
+def read_split(data_cfg: ml_collections.ConfigDict, split: str) -> list[Document]:
+    """The documents of ``split`` as the files hold them: ``data.train``/``data.dev``, or the
+    prepared corpus in ``data.data_dir``."""
     own = {"train": data_cfg.get("train", ""), "dev": data_cfg.get("dev", "")}
     if own["train"] or own["dev"]:
         if split not in own or not own[split]:
@@ -115,13 +142,22 @@ def pipeline_config(
 
 
 def get_tokenizer(
-    config: ml_collections.ConfigDict, workdir: str, train_docs: list[Document]
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    train_docs: list[Document],
+    init_dir: str | None = None,
 ) -> Tokenizer:
-    """``config.data.tokenizer`` if set, else ``WORKDIR/spm.model`` (trained on first use, by
-    process 0 first so that processes sharing the workdir load its model)."""
+    """``config.data.tokenizer`` if set, else ``WORKDIR/spm.model``: on first use a copy of the
+    tokenizer of the ``init_from`` run (``init_dir``, its state directory: finetuning must keep
+    the pretraining's pieces), else trained on ``train_docs`` (by process 0 first so that
+    processes sharing the workdir load its model)."""
     if config.data.tokenizer:
         return load_tokenizer(config.data.tokenizer)
     path = os.path.join(workdir, "spm.model")
+    source = param_mapping.source_tokenizer(init_dir) if init_dir else None
+    if source and not os.path.exists(path) and jax.process_index() == 0:
+        shutil.copyfile(source, path)
+        logging.warning("tokenizer: %s copied from the init_from run (%s)", path, source)
     if jax.process_index() == 0:
         tokenizer = get_or_train_tokenizer(path, train_docs, vocab_size=config.data.vocab_size)
     multihost_utils.sync_global_devices("tokenizer")
@@ -428,11 +464,16 @@ def train_and_evaluate(
         with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
             f.write(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
 
+    init_dir = None
+    if config.get("init_from", "") and not checkpoints.has_steps(workdir):
+        # Fail fast on a bad init_from or rule syntax, before data and compilation.
+        param_mapping.parse_rules(config.get("init_from_rules", ""))
+        init_dir = param_mapping.checkpoint_dir(config)
     layout = parallel.Layout(parallel.make_mesh(config.get("mesh", {})))
     parallel.check_process_rows(layout)
-    train_docs = load_documents(config.data, "train")
+    train_docs = load_documents(config.data, "train", tcfg.seed)
     dev_docs = load_documents(config.data, "dev")
-    tokenizer = get_tokenizer(config, workdir, train_docs)
+    tokenizer = get_tokenizer(config, workdir, train_docs, init_dir)
     model = build_model(config.model, tokenizer.vocab_size, tcfg.label_smoothing)
     objective = build_objective(config.get("objective", {}), model)
     known = {f"dev_{name}" for name in metric_names(objective)} | (
@@ -483,18 +524,20 @@ def train_and_evaluate(
         runlog.note(f"resumed from step {meta['step']} (data position {meta['data_step']})")
     else:
         state = train_state.init_state(model, tx, shardings, tcfg.seed)
-    if restored is None and config.init_from:
-        params, report = checkpoints.init_params_from(
-            config.init_from,
-            state["params"],
-            allow_new=config.init_from_allow_new,
-            ignore_unused=config.init_from_ignore_unused,
+    if restored is None and config.get("init_from", ""):
+        # Parameters only, mapped by init_from_rules; the optimiser state stays fresh. A resumed
+        # run never gets here: its own latest checkpoint wins over init_from.
+        params, rows, state_dir = param_mapping.init_from_checkpoint(
+            config, model, state["params"], init_dir
         )
         runlog.note(
-            f"init_from {config.init_from}: {len(report['loaded'])} parameters loaded, "
-            f"{len(report['new'])} new, {len(report['unused'])} unused"
+            f"init_from {state_dir} (init_from_rules={config.get('init_from_rules', '')!r}): "
+            f"{param_mapping.summary(rows)}; table in {os.path.join(workdir, 'init_from.tsv')}"
+            "\n" + param_mapping.format_table(rows)
         )
-        state = train_state.init_state(model, tx, shardings, tcfg.seed, params)
+        if jax.process_index() == 0:
+            param_mapping.write_table(os.path.join(workdir, "init_from.tsv"), rows)
+        state = dict(state, params=params)
     start = int(state["step"])
     runlog.note(
         f"model {model.name} (objective {objective.name}): {num_params:,} parameters; mesh "
