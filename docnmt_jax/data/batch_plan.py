@@ -275,7 +275,8 @@ class BatchPlan(EpochIteration):
         return self._tables
 
     def materialize(self, chunk_ids: np.ndarray, s: int, t: int) -> Batch:
-        """The batch of ``chunk_ids`` (-1 = padding row) in shape ``[B, s, t]`` (NumPy)."""
+        """The batch of ``chunk_ids`` (-1 = padding row) in shape ``[B, s, t]`` (NumPy), with
+        the context window ``[B, K, t]`` when ``config.context_sentences`` ``K > 0``."""
         tab = self.gather_tables()
         ids = np.asarray(chunk_ids, dtype=np.int64)
         real = ids >= 0
@@ -283,16 +284,42 @@ class BatchPlan(EpochIteration):
         srange = np.arange(s)
         sent_mask = srange[None, :] < rows[:, 0:1]  # [B, S]
         sid = np.where(sent_mask, rows[:, 1:2] + srange[None, :], 0)
-        length = np.where(sent_mask[None], tab["lengths"][:, sid], 0)  # [2, B, S]
-        pos = np.arange(t)
-        mask = pos < length[..., None]  # [2, B, S, T]
-        idx = np.where(mask, tab["offsets"][:, sid][..., None] + pos, 0)
-        tokens = np.where(mask, tab["tokens"][idx], 0).astype(np.int32)
-        rows = rows.astype(np.int32)
-        features = dict(zip(schema.ROW_FEATURES, rows[:, 2:].T, strict=True))
-        return schema.batch_from_grids(
+        tokens, length = _token_grid(
+            tab["tokens"], tab["offsets"], tab["lengths"], sid, sent_mask, t
+        )
+        features = dict(zip(schema.ROW_FEATURES, rows[:, 2:].T.astype(np.int32), strict=True))
+        batch = schema.batch_from_grids(
             tokens[0], tokens[1], src_lengths=length[0], tgt_lengths=length[1], **features
         )
+        k = self.config.context_sentences
+        if k:
+            before = k - np.arange(k)  # slot i holds the (K - i)-th sentence before the chunk
+            has = rows[:, 4:5] >= before  # [B, K]; padding rows have offset -1
+            cid = np.where(has, rows[:, 1:2] - before, 0)
+            ctx, ctx_length = _token_grid(
+                tab["tokens"], tab["offsets"][0], tab["lengths"][0], cid, has, t
+            )
+            batch["context_src"] = ctx
+            batch["context_src_mask"] = (np.arange(t) < ctx_length[..., None]).astype(np.int32)
+        return batch
+
+
+def _token_grid(
+    tokens: np.ndarray,
+    offsets: np.ndarray,
+    lengths: np.ndarray,
+    sid: np.ndarray,
+    valid: np.ndarray,
+    t: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids ``[..., *sid.shape, t]`` (int32, PAD after each sentence) and lengths
+    ``[..., *sid.shape]`` of the global sentences ``sid`` of the flat tables (``offsets`` and
+    ``lengths`` [..., sentences]); empty where ``valid`` is False."""
+    length = np.where(valid, lengths[..., sid], 0)
+    pos = np.arange(t)
+    mask = pos < length[..., None]
+    idx = np.where(mask, offsets[..., sid][..., None] + pos, 0)
+    return np.where(mask, tokens[idx], 0).astype(np.int32), length
 
 
 PipelineInput = Union[Sequence[Document], TokenizedCorpus, BatchPlan, "PackedPlan"]

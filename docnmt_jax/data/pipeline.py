@@ -32,7 +32,10 @@ packed chunks and sentences as distinct ids per row.
 Batch features (:mod:`docnmt_jax.data.schema`; int32, ``B`` = rows on this host): ``src``/
 ``tgt`` and their masks, positions and segment ids [B,S,T], ``sentence_mask`` [B,S],
 ``doc_index``/``chunk_index``/``sentence_offset`` [B], the last three -1 on padding rows.
-Every sentence ends with EOS, PAD=0 after.
+Every sentence ends with EOS, PAD=0 after. With ``context_sentences`` ``K > 0`` (grid only) also
+``context_src``/``context_src_mask`` [B,K,T]: the ``K`` source sentences before the chunk's
+first sentence in document order (slot ``K-1`` the one right before; all 0 before the
+document's start and on padding rows), built by the same gathers; ``T`` covers them.
 
 Batch sizes: ``B = max(1, min(batch_src_tokens, batch_tgt_tokens) // (S*T))`` rounded down to
 a multiple of ``lcm(process_count, batch_multiple)`` (at least that), so ``B*S*T`` never exceeds
@@ -137,6 +140,18 @@ def _tf_materializer(plan: BatchPlan) -> Callable[..., dict[str, tf.Tensor]]:
         tf.constant(tables[k], itype if k != "tokens" else tf.int32)
         for k in ("rows", "tokens", "offsets", "lengths")
     )
+    k = plan.config.context_sentences
+    names = schema.BATCH_FEATURES + (schema.CONTEXT_FEATURES if k else ())
+
+    def token_grid(
+        offsets: tf.Tensor, lengths: tf.Tensor, sid: tf.Tensor, valid: tf.Tensor, pos: tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """Token ids ``[..., T]`` and int32 mask of the global sentences ``sid``, empty where
+        not ``valid`` (as ``batch_plan._token_grid``)."""
+        length = tf.where(valid, tf.gather(lengths, sid, axis=-1), 0)
+        mask = pos < length[..., None]
+        idx = tf.where(mask, tf.gather(offsets, sid, axis=-1)[..., None] + pos, 0)
+        return tf.where(mask, tf.gather(tokens_t, idx), 0), tf.cast(mask, tf.int32)
 
     def materialize(element: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         ids = tf.cast(element["ids"], itype)
@@ -145,21 +160,23 @@ def _tf_materializer(plan: BatchPlan) -> Callable[..., dict[str, tf.Tensor]]:
         srange = tf.range(tf.cast(element["s"], itype))
         sent_mask = srange[None, :] < rows[:, 0:1]  # [B, S]
         sid = tf.where(sent_mask, rows[:, 1:2] + srange[None, :], 0)
-        length = tf.where(sent_mask[None], tf.gather(lengths_t, sid, axis=1), 0)  # [2, B, S]
         pos = tf.range(tf.cast(element["t"], itype))
-        mask = pos < length[..., None]  # [2, B, S, T]
-        idx = tf.where(mask, tf.gather(offsets_t, sid, axis=1)[..., None] + pos, 0)
-        tokens = tf.where(mask, tf.gather(tokens_t, idx), 0)
-        m = tf.cast(mask, tf.int32)
+        tokens, m = token_grid(offsets_t, lengths_t, sid, sent_mask[None], pos)  # [2, B, S, T]
         positions = m * tf.cast(pos, tf.int32)
         segments = m * tf.cast(srange + 1, tf.int32)[None, None, :, None]
-        rows = tf.cast(rows, tf.int32)
         out = {"sentence_mask": tf.cast(sent_mask, tf.int32)}
         for i, side in enumerate(schema.SIDES):
             values = (tokens[i], m[i], positions[i], segments[i])
             out.update(zip(schema.side_features(side), values, strict=True))
-        out.update((name, rows[:, j]) for j, name in enumerate(schema.ROW_FEATURES, start=2))
-        return {k: out[k] for k in schema.BATCH_FEATURES}
+        row_features = tf.cast(rows, tf.int32)
+        out.update((name, row_features[:, j]) for j, name in enumerate(schema.ROW_FEATURES, 2))
+        if k:
+            before = tf.constant(k - np.arange(k), itype)  # slot i: (K - i)-th sentence before
+            has = rows[:, 4:5] >= before  # [B, K]; padding rows have offset -1
+            cid = tf.where(has, rows[:, 1:2] - before, 0)
+            context = token_grid(offsets_t[0], lengths_t[0], cid, has, pos)
+            out.update(zip(schema.CONTEXT_FEATURES, context, strict=True))
+        return {name: out[name] for name in names}
 
     return materialize
 

@@ -15,6 +15,14 @@ Features (all int32; ``B`` chunks, ``S`` sentences per chunk, ``T`` tokens per s
   its document; ``sentence_offset`` [B]: index in its document of the chunk's first sentence.
   The pipeline sets these three to -1 on padding rows.
 
+Context window (:data:`CONTEXT_FEATURE_AXES`, only with ``PipelineConfig.context_sentences``
+``K > 0``): ``context_src``/``context_src_mask`` [B,K,T], the source sentences before the
+chunk's first sentence in document order: slot ``K-j`` holds the ``j``-th sentence before it
+(slot ``K-1`` the one right before), tokens as stored in the corpus (ending with EOS), all 0
+where that would reach before the document's first sentence and on padding rows. Sentence ``s``
+of a chunk has as context the ``K`` rows before row ``K+s`` of ``concat([context_src, src],
+axis=1)``. A batch has both of these features or neither.
+
 Packed rows (:data:`PACKED_FEATURE_AXES`, docs/design/issue14_packing_plan.md §1): sentences
 laid one after another in rows ``[B, L]`` (one ``L`` for both sides), every feature int32 and 0
 on padding. Per side: ``{side}`` token ids (each sentence ends with EOS), ``{side}_mask``,
@@ -55,6 +63,9 @@ FEATURE_AXES: dict[str, str] = {
     "sentence_offset": "B",
 }
 BATCH_FEATURES: tuple[str, ...] = tuple(FEATURE_AXES)
+#: The optional context window's features (``K`` context sentences per row).
+CONTEXT_FEATURE_AXES: dict[str, str] = {"context_src": "BKT", "context_src_mask": "BKT"}
+CONTEXT_FEATURES: tuple[str, ...] = tuple(CONTEXT_FEATURE_AXES)
 SIDES: tuple[str, ...] = ("src", "tgt")
 #: The per-row [B] features.
 ROW_FEATURES: tuple[str, ...] = ("doc_index", "chunk_index", "sentence_offset")
@@ -66,12 +77,19 @@ def side_features(side: str) -> tuple[str, str, str, str]:
 
 
 def check_batch(batch: Mapping[str, np.ndarray]) -> None:
-    """Raises ValueError unless ``batch`` has exactly the schema's features, each int32 of its
-    rank, with one ``B``, ``S`` and ``T`` shared by all of them."""
-    if set(batch) != set(BATCH_FEATURES):
-        raise ValueError(f"batch features {sorted(batch)} != schema {sorted(BATCH_FEATURES)}")
+    """Raises ValueError unless ``batch`` has exactly the schema's features, with or without
+    the context window's (both or neither), each int32 of its rank, with one ``B``, ``S``,
+    ``T`` (and ``K``) shared by all of them."""
+    allowed = (set(BATCH_FEATURES), set(BATCH_FEATURES) | set(CONTEXT_FEATURES))
+    if set(batch) not in allowed:
+        raise ValueError(
+            f"batch features {sorted(batch)} != schema {sorted(BATCH_FEATURES)}"
+            f" (+ optionally both of {list(CONTEXT_FEATURES)})"
+        )
     sizes: dict[str, int] = {}
-    for name, axes in FEATURE_AXES.items():
+    for name, axes in {**FEATURE_AXES, **CONTEXT_FEATURE_AXES}.items():
+        if name not in batch:
+            continue
         value = batch[name]
         if value.dtype != DTYPE or value.ndim != len(axes):
             raise ValueError(f"{name}: {value.dtype} of rank {value.ndim}, expected int32 {axes}")

@@ -56,7 +56,8 @@ class PackingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
-    """Chunking, bucketing, batching and ordering of the document pipeline."""
+    """Chunking, bucketing, batching and ordering of the document pipeline, and the optional
+    source context window of grid batches (``context_sentences``)."""
 
     max_sentences: int = 20
     max_src_len: int = 128
@@ -78,6 +79,9 @@ class PipelineConfig:
     sequential_sentences: bool = False
     # Packed rows instead of the [B, S, T] grid (None: the grid).
     packing: PackingConfig | None = None
+    # K: grid batches also carry the K source sentences before each chunk (``context_src``,
+    # ``context_src_mask`` [B, K, T], schema.CONTEXT_FEATURE_AXES) and T covers them too.
+    context_sentences: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -100,6 +104,14 @@ class PipelineConfig:
             raise ValueError(f"num_epochs must be >= 0 or None, got {self.num_epochs}")
         if any(b < 1 for b in self.length_buckets + self.sentence_buckets):
             raise ValueError("bucket boundaries must be >= 1")
+        if self.context_sentences < 0:
+            raise ValueError(
+                f"PipelineConfig.context_sentences must be >= 0, got {self.context_sentences}"
+            )
+        if self.context_sentences and self.packing is not None:
+            raise ValueError(
+                "PipelineConfig.context_sentences needs the [B, S, T] grid: set packing=None"
+            )
 
     @property
     def sentences_per_chunk(self) -> int:
@@ -277,7 +289,14 @@ def tokenize_corpus(
 
 
 def make_chunks(corpus: TokenizedCorpus, config: PipelineConfig) -> dict[str, np.ndarray]:
-    """Chunk table: consecutive runs of <= S sentences per document, from sentence 0."""
+    """Chunk table: consecutive runs of <= S sentences per document, from sentence 0.
+
+    Columns (one entry per chunk): ``doc``, ``index`` (chunk number in its document),
+    ``offset`` (index in its document of its first sentence), ``start`` (global index of that
+    sentence), ``count`` (sentences) and ``longest``: the most tokens of any of its sentences on
+    either side and of the source of the up to ``config.context_sentences`` sentences of its
+    document before it (global ``start - j`` for ``1 <= j <= min(K, offset)``), so that the
+    chunk's ``T`` bucket holds its context too."""
     S = config.sentences_per_chunk
     per_doc = np.diff(corpus.sentence_starts)
     n_chunks = -(-per_doc // S)
@@ -290,6 +309,9 @@ def make_chunks(corpus: TokenizedCorpus, config: PipelineConfig) -> dict[str, np
     count = np.minimum(S, per_doc[doc] - offset)
     sent_len = np.maximum(corpus.src.lengths, corpus.tgt.lengths)
     longest = np.maximum.reduceat(sent_len, start) if doc.size else np.zeros(0, np.int32)
+    for j in range(1, config.context_sentences + 1):
+        before = corpus.src.lengths[np.maximum(start - j, 0)]
+        longest = np.maximum(longest, np.where(offset >= j, before, 0))
     return {
         "doc": doc,
         "index": index,
