@@ -49,6 +49,15 @@ FINAL (Zheng et al. 2020) adds or replaces::
                    cross, ffn   as the sentence decoder
   output softmax   2·Tt·D·V per sentence row
 
+DocT (Zhang et al. 2018) adds, per sentence row, with a context of ``Lc = k·Ts`` slots (the
+``k`` previous sentences, each padded to ``Ts``)::
+
+  context encoder  N_c encoder layers (as above) on N rows of Lc tokens
+  context attn     per encoder layer (Tq = Ts) and decoder layer (Tq = Tt):
+                   projections  2 · 2·Tq·D² + 2 · 2·Lc·D²  Q, out on queries; K, V on context
+                   attention    2 · 2·Tq·Lc·D
+                   gate         2 · 2·Tq·D²            W_i H, W_s SubLayer(H)
+
 Doc2Doc (``models/concat.py``): the sentence Transformer on ``B`` rows of
 ``S·Ts`` source and ``S·Tt`` target tokens (each chunk packed into one sequence), so its
 attention terms grow with ``(S·T)²``.
@@ -168,6 +177,33 @@ def final_terms(config: Any, shape: BatchShape) -> Terms:
         layer = decoder_layer(N, Tt, Ts, D, F)
     _add(total, "decoder", layer, config.num_decoder_layers)
     total["output"] = N * 2 * Tt * D * config.vocab_size
+    return total
+
+
+def context_attention(rows: int, Tq: int, Lc: int, D: int, gating: bool) -> Terms:
+    """DocT's context attention (and gate) of ``Tq`` queries over ``Lc`` context states."""
+    terms = {
+        "context_projections": rows * (2 * 2 * Tq * D * D + 2 * 2 * Lc * D * D),
+        "context_attention": rows * 2 * 2 * Tq * Lc * D,
+    }
+    if gating:
+        terms["context_gate"] = rows * 2 * 2 * Tq * D * D
+    return terms
+
+
+def doct_terms(config: Any, shape: BatchShape) -> Terms:
+    """DocT: the sentence Transformer plus the context encoder over each sentence's ``k``
+    previous sentences and the context attentions (module docstring)."""
+    D, F, N = config.d_model, config.ffn_dim, shape.rows
+    Ts, Tt = shape.src_len, shape.tgt_len
+    Lc, gating = config.context_sentences * Ts, config.context_gating
+    total = transformer_terms(config, shape)
+    _add(total, "context", encoder_layer(N, Lc, D, F), config.num_context_layers)
+    if config.context_in_encoder:
+        terms = context_attention(N, Ts, Lc, D, gating)
+        _add(total, "encoder", terms, config.num_encoder_layers)
+    if config.context_in_decoder:
+        _add(total, "decoder", context_attention(N, Tt, Lc, D, gating), config.num_decoder_layers)
     return total
 
 

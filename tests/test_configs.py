@@ -11,6 +11,7 @@ from conftest import ROOT, TABLE3_CONFIG, TABLE3_SWITCHES
 from docnmt_jax.config_files import load_config
 from docnmt_jax.models import BatchLayout, build_model
 from docnmt_jax.models.concat import Doc2DocModel
+from docnmt_jax.models.doct import SENTENCE_PARAMETERS, DocTModel
 from docnmt_jax.models.final import FinalModel
 from docnmt_jax.models.transformer import TransformerModel
 
@@ -22,6 +23,9 @@ EXPECTED = {
     "final.py": (FinalModel, BatchLayout.SEQUENTIAL_CHUNKS),
     "final_base.py": (FinalModel, BatchLayout.SEQUENTIAL_CHUNKS),
     "final_table3.py": (FinalModel, BatchLayout.SEQUENTIAL_CHUNKS),
+    "doct.py": (DocTModel, BatchLayout.CHUNKS),
+    "doct_base.py": (DocTModel, BatchLayout.CHUNKS),
+    "doct_ablations.py": (DocTModel, BatchLayout.CHUNKS),
 }
 # Paper's table: which rows decode with the XL memory (slot by slot).
 XL_ROWS = {"sent2doc_xl", "final"}
@@ -36,7 +40,7 @@ def test_config_loads_and_builds_its_model(path):
     model_class, layout = EXPECTED[name]
     assert isinstance(model, model_class) and model.layout is layout
     assert "sentence_level" not in config.data  # derived from the model's layout
-    if name == "final_base.py":
+    if name in ("final_base.py", "doct_base.py"):
         m = config.model
         assert (m.d_model, m.ffn_dim, m.num_heads) == (512, 2048, 8)
         assert (m.num_encoder_layers, m.num_decoder_layers) == (6, 6)
@@ -63,3 +67,43 @@ def test_table3_default_row_is_final_and_unknown_rows_are_named():
     )
     with pytest.raises(ValueError, match="unknown Table 3 row 'nope'"):
         load_config(f"{TABLE3_CONFIG}:nope")
+
+
+DOCT_ABLATIONS = os.path.join(ROOT, "configs", "doct_ablations.py")
+# Zhang et al. (2018): the row -> the DocT switches it sets (everything else the paper's:
+# k = 2, N_c = 1, context in encoder and decoder, gating), and whether it is two-step.
+DOCT_ROWS = {
+    **{f"k{k}": ({"context_sentences": k}, False) for k in (1, 2, 3)},
+    **{f"nc{n}": ({"num_context_layers": n}, False) for n in range(1, 7)},
+    "joint": ({}, False),
+    "two_step": ({}, True),
+    "encoder_only": ({"context_in_decoder": False}, False),
+    "decoder_only": ({"context_in_encoder": False}, False),
+    "encoder_decoder": ({}, False),
+    "residual": ({"context_gating": False}, False),
+    "gating": ({}, False),
+}
+DOCT_PAPER = dict(
+    context_sentences=2,
+    num_context_layers=1,
+    context_in_encoder=True,
+    context_in_decoder=True,
+    context_gating=True,
+)
+
+
+@pytest.mark.parametrize("row", sorted(DOCT_ROWS))
+@pytest.mark.parametrize("size", ["", "@base"])
+def test_doct_ablation_rows_carry_their_switches(row, size):
+    config = load_config(f"{DOCT_ABLATIONS}:{row}{size}")
+    model = build_model(config.model, vocab_size=100)
+    switches, two_step = DOCT_ROWS[row]
+    assert {key: getattr(model.config, key) for key in DOCT_PAPER} == dict(DOCT_PAPER, **switches)
+    assert model.config.d_model == (512 if size else 256)
+    assert (config.init_from_rules == "all") == two_step
+    assert tuple(config.train.freeze) == ((SENTENCE_PARAMETERS,) if two_step else ())
+
+
+def test_doct_unknown_rows_are_named():
+    with pytest.raises(ValueError, match="unknown row 'k9'"):
+        load_config(f"{DOCT_ABLATIONS}:k9")

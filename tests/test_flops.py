@@ -84,20 +84,33 @@ def test_doc2doc_is_the_transformer_on_packed_chunks():
     assert flops.forward_flops(_task("doc2doc"), SHAPE) == expected
 
 
-@pytest.mark.parametrize("variant", ["transformer", "doc2doc", *TABLE3_SWITCHES])
+# DocT (Zhang et al. 2018): the paper's switches and a residual, decoder-only, k = 3, N_c = 2 set.
+DOCT_SWITCHES = {
+    "doct": {},
+    "doct_residual_decoder_only": dict(
+        context_gating=False, context_in_encoder=False, context_sentences=3, num_context_layers=2
+    ),
+}
+
+
+@pytest.mark.parametrize("variant", ["transformer", "doc2doc", *TABLE3_SWITCHES, *DOCT_SWITCHES])
 def test_analytic_count_equals_the_traced_matrix_multiplies(variant):
-    """Exact: every dot_general of the traced forward pass, for every Table 3 switch set."""
-    if variant == "doc2doc":
-        pytest.importorskip("docnmt_jax.models.concat")
-    name = variant if variant in ("transformer", "doc2doc") else "final"
-    task = _task(name, SMALL, 96, **TABLE3_SWITCHES.get(variant, {}))
+    """Exact: every dot_general of the traced forward pass, for every Table 3 switch set and
+    DocT's."""
+    if variant in ("transformer", "doc2doc"):
+        name, switches = variant, {}
+    elif variant in DOCT_SWITCHES:
+        name, switches = "doct", DOCT_SWITCHES[variant]
+    else:
+        name, switches = "final", TABLE3_SWITCHES[variant]
+    task = _task(name, SMALL, 96, **switches)
     batch = dummy_batch(3, 5, rows=2, vocab_size=96)
     forward, params = _forward(task, batch)
     traced = flops.jaxpr_dot_flops(jax.make_jaxpr(forward)(params, batch))
     assert flops.forward_flops(task, flops.BatchShape(2, 3, 5, 5)) == traced
 
 
-@pytest.mark.parametrize("name", ["transformer", "final"])
+@pytest.mark.parametrize("name", ["transformer", "final", "doct"])
 def test_analytic_count_is_close_to_xla_cost_analysis(name):
     """XLA counts every op, the analytic count matrix multiplies only: XLA may not be lower,
     and the rest (softmax ~5 FLOPs per score, LayerNorm ~8 per element, biases, ReLU, masks)

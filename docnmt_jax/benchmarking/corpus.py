@@ -143,7 +143,10 @@ def corpus_section(args: argparse.Namespace, results: Results) -> Results:
             if layout == "packed" and packing is None:
                 continue  # this model trains on the grid only
             config = dataclasses.replace(
-                base, sentence_level=task.layout.sentence_level, packing=packing
+                base,
+                sentence_level=task.layout.sentence_level,
+                packing=packing,
+                context_sentences=task.context_sentences,
             )
             plan = P.plan_batches(corpus, config=config)
             batches = [b for _, b in zip(range(needed), P.numpy_batches(plan), strict=False)]

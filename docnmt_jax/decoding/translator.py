@@ -122,6 +122,7 @@ class Translator:
             # A model that searches a chunk's sentences one after another (FINAL's memory) gets
             # as many chunks as a sentence model gets sentences: same rows per search step.
             sequential_sentences=model.layout.sequential,
+            context_sentences=model.context_sentences,
             batch_multiple=mesh.batch_shards if mesh is not None else 1,
         )
         self.stats = TranslationStats()

@@ -16,6 +16,8 @@ see only the :class:`Model` protocol:
   with the model's context), for contrastive evaluation and forced choice.
 * ``with_random_context(batch, rng)``: the batch with every sentence's context taken from
   other rows (Jean & Cho 2019); sentence models raise :class:`ModelError`.
+* ``context_sentences``: how many source sentences before every chunk the pipeline adds as
+  ``context_src`` (0 but for models whose context window reaches into the previous chunk).
 * ``translate(params, batch, search) -> (ids [B, S, L], aux)``: pure, jit-able search; models
   of the slot-by-slot layout implement the hooks ``search_inputs``/``search_slot`` instead
   (:mod:`docnmt_jax.decoding.search`).
@@ -125,6 +127,9 @@ class Model(Protocol):
     layout: ClassVar[BatchLayout]
     config: Any
 
+    @property
+    def context_sentences(self) -> int: ...
+
     def init(self, rng: Array, batch: Batch) -> PyTree: ...
 
     def loss(
@@ -164,7 +169,8 @@ class BaseModel:
         """The module's inputs ``src, src_mask, tgt, tgt_mask`` from a pipeline batch
         ``[B, S, T]``; default: the batch as it is (document models). A model that trains on
         packed rows (:meth:`packing`) also returns ``segments``, a dict of the packed row
-        features its module takes as ``segments=``."""
+        features its module takes as ``segments=``; any key beyond the four is passed to
+        the module as a keyword input (:func:`module_options`)."""
         return {key: batch[key] for key in ("src", "src_mask", "tgt", "tgt_mask")}
 
     def packing(self) -> PackingConfig | None:
@@ -187,6 +193,12 @@ class BaseModel:
         parameter from the same path (models named like the Transformer)."""
         return [(r"(.*)", r"\1")]
 
+    @property
+    def context_sentences(self) -> int:
+        """How many source sentences before every chunk (same document) the pipeline must add
+        as ``context_src`` (``PipelineConfig.context_sentences``); default 0."""
+        return 0
+
     def check_data(self, config: PipelineConfig) -> None:
         """Raises :class:`ModelError` (naming the config keys) when batches of the pipeline
         ``config`` break an assumption of the model; default: none."""
@@ -195,10 +207,7 @@ class BaseModel:
 
     def init(self, rng: Array, batch: Batch) -> PyTree:
         rows = self.rows(batch)
-        packed = {"segments": rows["segments"]} if "segments" in rows else {}
-        return self.eval_module.init(
-            rng, rows["src"], rows["src_mask"], rows["tgt"], rows["tgt_mask"], **packed
-        )
+        return self.eval_module.init(rng, *(rows[k] for k in MODULE_INPUTS), **module_options(rows))
 
     def forward(
         self, params: PyTree, batch: Batch, rng: Array | None, train: bool
@@ -207,15 +216,11 @@ class BaseModel:
         target sequence of :meth:`rows`."""
         rows = self.rows(batch)
         module = self.train_module if train else self.eval_module
-        packed = {"segments": rows["segments"]} if "segments" in rows else {}
         logits = module.apply(
             {"params": params},
-            rows["src"],
-            rows["src_mask"],
-            rows["tgt"],
-            rows["tgt_mask"],
+            *(rows[k] for k in MODULE_INPUTS),
             rngs={"dropout": rng} if train else {},
-            **packed,
+            **module_options(rows),
         )
         T = rows["tgt"].shape[-1]
         return (
@@ -258,6 +263,17 @@ class BaseModel:
 
             return scan_slots(self, params, batch, search)
         raise NotImplementedError(f"{type(self).__name__} must implement translate")
+
+
+#: The positional inputs of every model's module, in order; :meth:`BaseModel.rows` may add
+#: keyword inputs (:func:`module_options`).
+MODULE_INPUTS = ("src", "src_mask", "tgt", "tgt_mask")
+
+
+def module_options(rows: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword inputs of a module in :meth:`BaseModel.rows`: every key beyond
+    :data:`MODULE_INPUTS` (packed ``segments``, DocT's ``context`` ...)."""
+    return {key: value for key, value in rows.items() if key not in MODULE_INPUTS}
 
 
 def require_grid(batch: Mapping[str, Any], what: str) -> None:

@@ -9,7 +9,7 @@ methods; incremental decoding uses an explicit cache pytree (:meth:`Transformer.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -112,6 +112,16 @@ class DecoderLayer(nn.Module):
         index: Array | None = None,
         cross_kv: tuple[Array, Array] | None = None,
     ) -> tuple[Array, Cache | None]:
+        y, new_cache = self.self_attention_sublayer(y, self_mask, cache, index)
+        y = self.cross_attention_sublayer(y, encoded, cross_mask, cross_kv)
+        y = self.ffn_block(y, self.ffn)
+        return layers.constrain(y, ("batch", "length", "embed")), new_cache
+
+    def self_attention_sublayer(
+        self, y: Array, self_mask: Array, cache: Cache | None, index: Array | None
+    ) -> tuple[Array, Cache | None]:
+        """The masked self-attention sublayer; with ``cache`` this step's keys/values are
+        written at ``index`` and the updated cache is returned (else None)."""
         new_cache = None
 
         def self_block(h: Array) -> Array:
@@ -124,17 +134,19 @@ class DecoderLayer(nn.Module):
             q = self.self_attention.project_q(h)
             return self.self_attention.attend(q, k, v, self_mask, heads_major=cache is not None)
 
-        def cross_block(h: Array) -> Array:
-            q = self.cross_attention.project_q(h)
-            if cross_kv is not None:
-                return self.cross_attention.attend(q, *cross_kv, cross_mask, heads_major=True)
-            k, v = self.cross_attention.project_kv(encoded)
-            return self.cross_attention.attend(q, k, v, cross_mask)
+        return self.self_attention_block(y, self_block), new_cache
 
-        y = self.self_attention_block(y, self_block)
-        y = self.cross_attention_block(y, cross_block)
-        y = self.ffn_block(y, self.ffn)
-        return layers.constrain(y, ("batch", "length", "embed")), new_cache
+    def cross_attention_sublayer(
+        self,
+        y: Array,
+        encoded: Array | None,
+        cross_mask: Array,
+        cross_kv: tuple[Array, Array] | None,
+    ) -> Array:
+        """The encoder-decoder attention sublayer (:func:`memory_attention`)."""
+        return self.cross_attention_block(
+            y, lambda h: memory_attention(self.cross_attention, h, encoded, cross_mask, cross_kv)
+        )
 
     def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
         """Cross-attention keys/values ``[B, H, Ts, d]`` (heads-major, the layout
@@ -146,12 +158,16 @@ class Transformer(nn.Module):
     """Encoder-decoder Transformer over sentences: ``src [B, Ts]`` -> logits ``[B, Tt, V]``."""
 
     config: TransformerConfig
+    #: Layer classes (a document model that extends the layers and keeps these parameter
+    #: names sets its own, e.g. DocT).
+    encoder_layer_class: ClassVar[type[nn.Module]] = EncoderLayer
+    decoder_layer_class: ClassVar[type[nn.Module]] = DecoderLayer
 
     def setup(self) -> None:
         cfg = self.config
         self.embed = layers.SharedEmbedding(cfg.vocab_size, cfg.d_model, cfg.dtype, cfg.param_dtype)
-        self.encoder_layers = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
-        self.decoder_layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
+        self.encoder_layers = [self.encoder_layer_class(cfg) for _ in range(cfg.num_encoder_layers)]
+        self.decoder_layers = [self.decoder_layer_class(cfg) for _ in range(cfg.num_decoder_layers)]
         self.input_dropout = nn.Dropout(cfg.dropout_rate)
         if cfg.pre_ln:
             self.encoder_norm = layers.layer_norm(cfg.dtype)
@@ -264,6 +280,23 @@ class Transformer(nn.Module):
                 cross_kv=(inputs["cross_key"], inputs["cross_value"]),
             )
         return self._output(y)[:, 0], new_cache
+
+
+def memory_attention(
+    attention: layers.MultiHeadAttention,
+    h: Array,
+    memory: Array | None,
+    mask: Array,
+    kv: tuple[Array, Array] | None,
+) -> Array:
+    """``attention`` of queries ``h`` over a memory (encoder states, context states): over
+    ``kv`` (heads-major keys/values projected once per example, shared by a search's beams)
+    when given, else over ``memory`` projected here."""
+    q = attention.project_q(h)
+    if kv is not None:
+        return attention.attend(q, *kv, mask, heads_major=True)
+    k, v = attention.project_kv(memory)
+    return attention.attend(q, k, v, mask)
 
 
 def empty_self_attention_cache(config: TransformerConfig, batch: int, max_len: int) -> Cache:

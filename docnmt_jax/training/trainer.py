@@ -113,12 +113,15 @@ def pipeline_config(
     sentence_level: bool,
     batch_multiple: int = 1,
     packing: PackingConfig | None = None,
+    context_sentences: int = 0,
 ) -> pipeline_lib.PipelineConfig:
     """The pipeline settings for training (shuffled, endless) or evaluation (one padded pass);
     ``sentence_level`` from the model's layout; batch rows are a multiple of
     ``batch_multiple`` (the mesh's data-parallel size); ``packing`` the model's packed rows
     (:meth:`~docnmt_jax.models.base.BaseModel.packing`), with ``data.packed_row_tokens`` (when
-    > 0) as the shortest row length, or None for the ``[B, S, T]`` grid."""
+    > 0) as the shortest row length, or None for the ``[B, S, T]`` grid;
+    ``context_sentences`` the model's context window
+    (:attr:`~docnmt_jax.models.base.BaseModel.context_sentences`)."""
     budget = data_cfg.eval_batch_tokens
     row_tokens = data_cfg.get("packed_row_tokens", 0)
     if packing is not None and row_tokens > 0:
@@ -138,6 +141,7 @@ def pipeline_config(
         pad_batch=not train,
         batch_multiple=math.lcm(batch_multiple, data_cfg.get("batch_multiple", 1)),
         packing=packing,
+        context_sentences=context_sentences,
     )
 
 
@@ -228,11 +232,17 @@ def make_steps(
     )
 
 
-def abstract_batch(shape: tuple[int, ...], sharding: Any) -> dict[str, jax.ShapeDtypeStruct]:
+def abstract_batch(
+    shape: tuple[int, ...], sharding: Any, context_sentences: int = 0
+) -> dict[str, jax.ShapeDtypeStruct]:
     """Every feature of a global batch of plan shape ``shape`` (``(B, L)`` packed rows or
-    ``(B, S, T)`` grid) as a ``ShapeDtypeStruct`` with the batch ``sharding``."""
-    axes = schema.PACKED_FEATURE_AXES if len(shape) == 2 else schema.FEATURE_AXES
+    ``(B, S, T)`` grid, with ``context_sentences`` ``K > 0`` its context window) as a
+    ``ShapeDtypeStruct`` with the batch ``sharding``."""
+    axes = schema.PACKED_FEATURE_AXES if len(shape) == 2 else dict(schema.FEATURE_AXES)
+    if context_sentences:
+        axes.update(schema.CONTEXT_FEATURE_AXES)
     sizes = dict(zip("BL" if len(shape) == 2 else "BST", shape, strict=True))
+    sizes["K"] = context_sentences
     return {
         name: jax.ShapeDtypeStruct(tuple(sizes[a] for a in ax), schema.DTYPE, sharding=sharding)
         for name, ax in axes.items()
@@ -245,6 +255,7 @@ def compile_for_shapes(
     local_shapes: list[tuple[int, ...]],
     layout: parallel.Layout,
     note: Callable[[str], None],
+    context_sentences: int = 0,
 ) -> Callable[[PyTree, PyTree], tuple[PyTree, dict[str, Metric]]]:
     """``train_step`` compiled ahead of time for every batch shape of the plan (this process's
     ``local_shapes``; rows times ``process_count`` globally), the compile time of each logged,
@@ -257,7 +268,7 @@ def compile_for_shapes(
     for shape in local_shapes:
         start = time.perf_counter()
         global_shape = (shape[0] * jax.process_count(), *shape[1:])
-        batch = abstract_batch(global_shape, layout.batch)
+        batch = abstract_batch(global_shape, layout.batch, context_sentences)
         compiled[global_shape] = train_step.lower(abstract_state, batch).compile()
         times.append(f"{'x'.join(map(str, global_shape))} {time.perf_counter() - start:.1f} s")
     note(f"compiled the train step for {len(compiled)} batch shapes: {', '.join(times)}")
@@ -496,6 +507,7 @@ def train_and_evaluate(
             model.layout.sentence_level,
             batch_multiple=layout.batch_shards,
             packing=packing,
+            context_sentences=model.context_sentences,
         )
         model.check_data(cfg)
         return pipeline_lib.plan_batches(docs, encode, cfg)
@@ -547,7 +559,9 @@ def train_and_evaluate(
 
     train_step, eval_step = make_steps(objective, tx, schedule, tcfg.seed, layout, shardings)
     if tcfg.get("aot_compile", True):
-        train_step = compile_for_shapes(train_step, state, shapes, layout, runlog.note)
+        train_step = compile_for_shapes(
+            train_step, state, shapes, layout, runlog.note, model.context_sentences
+        )
     if tcfg.get("dev_bleu", False):
         eval_hooks = (
             *eval_hooks,

@@ -1,0 +1,449 @@
+"""DocT: the Transformer with document-level context of Zhang et al. (2018), Sec. 2.
+
+Paper -> code (``../shared/papers/001_*``; the authors' THUMT code settles what the text
+leaves open, each reading below is tested in ``tests/test_doct.py``):
+
+* Context ``X_<k`` (Sec. 2.1, Eq. 2-3): the ``context_sentences`` (``k``) source sentences
+  before sentence ``k`` in its document, concatenated (each with its EOS, which separates them).
+  The pipeline gives every chunk the ``k`` sentences before its first one
+  (``context_src``, :mod:`docnmt_jax.data.schema`), so a chunk's first sentences get their
+  predecessors from the previous chunk: :func:`context_windows` builds every sentence's window
+  from ``[context_src; src]`` with ``k`` static slices. The context never crosses a document
+  boundary (the pipeline stops at the document's first sentence).
+* Context encoder (Eq. 4-9): ``num_context_layers`` (``N_c``) Transformer encoder layers
+  (:class:`~.transformer.EncoderLayer`: self-attention, FFN, residual and LayerNorm) over
+  ``X_c`` = source embedding (shared with the encoder and decoder) + sinusoidal positions that
+  run over the concatenation's real tokens ``0..M-1`` (THUMT's timing signal on the
+  concatenated context). As in THUMT the context input gets no dropout. ``N_c = 0`` is THUMT's
+  ``context_representation = "embedding"``.
+* Encoder layer (Eq. 11-13): self-attention, context attention over ``C^(N_c)``, FFN.
+  Decoder layer (Eq. 14-18): self-attention, context attention, encoder-decoder attention, FFN.
+  Output softmax (Eq. 19): the tied embedding, as our sentence Transformer.
+* Context gating (Eq. 20-22), in place of the residual after every context attention:
+  ``lambda = sigmoid(W_i H + W_s SubLayer(H))`` (two ``D x D`` matrices without bias, one gate
+  per feature), ``Gating(H) = lambda H + (1 - lambda) SubLayer(H)``, then the sublayer's
+  LayerNorm (post-LN; THUMT: the gate output is layer-normalised, no dropout on
+  ``SubLayer(H)``). Pre-LN: ``SubLayer`` reads ``LN(H)`` and the gate mixes the stream ``H``.
+  ``context_gating = False``: the residual ``LN(H + Dropout(SubLayer(H)))`` (Table 9).
+* First sentence of a document (empty context, not specified by the paper): the context
+  sublayers of that sentence are skipped, so it is computed exactly as by the model without
+  context attention (no attention over an empty key set, no NaN).
+* Two-step training (Sec. 2.4, Eq. 23-25): ``theta_s`` are the parameters named as in the
+  sentence Transformer (embedding, self-/cross-attention, FFN and their LayerNorms), restored
+  with :meth:`DocTModel.transformer_rules` (identical paths; ``theta_d`` fresh) and frozen with
+  :data:`SENTENCE_PARAMETERS` (``configs/doct.py:two_step``). ``theta_d`` are
+  :data:`DOCUMENT_PARAMETERS`: the context encoder, every context attention and its gate and
+  LayerNorm (THUMT trains the LayerNorm after the context attention with ``theta_d``).
+* Decoding: the context is source-only, so every sentence of a chunk is searched at once
+  (layout ``CHUNKS``); the context states are encoded once and each decoder layer's context
+  keys/values are projected once per sentence and shared by its beams, like cross-attention.
+* Ablations (Tables 1, 2, 7, 8, 9) are config switches of this one module:
+  ``context_sentences``, ``num_context_layers``, two-step vs joint (``configs/doct.py`` vs
+  ``configs/doct.py:two_step``), ``context_in_encoder``/``context_in_decoder`` and
+  ``context_gating`` (``configs/doct_ablations.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from docnmt_jax import flops
+from docnmt_jax.data.tokenizer import BOS_ID
+from docnmt_jax.decoding.search import (
+    SearchConfig,
+    pad_empty_sentences,
+    search_decoder,
+    sentence_limits,
+)
+from docnmt_jax.models import layers, transformer
+from docnmt_jax.models.base import (
+    BaseModel,
+    BatchLayout,
+    ModelError,
+    random_context_batch,
+    register,
+    require_grid,
+)
+from docnmt_jax.models.transformer import Cache, TransformerConfig
+
+Array = jax.Array
+
+#: ``theta_d`` (Sec. 2.4): the parameters DocT adds to the sentence Transformer.
+DOCUMENT_PARAMETERS = r"context_layers_\d+/.*|context_norm/.*|(?:en|de)coder_layers_\d+/context_.*"
+#: ``theta_s`` as a ``train.freeze`` pattern (searched): every parameter path outside ``theta_d``.
+SENTENCE_PARAMETERS = rf"^(?!(?:{DOCUMENT_PARAMETERS})$)"
+
+
+@dataclasses.dataclass(frozen=True)
+class DocTConfig(TransformerConfig):
+    """Transformer hyper-parameters plus DocT's: the context length ``k`` (Table 1), the
+    context encoder's layers ``N_c`` (Table 2), where the context is integrated (Table 8) and
+    gating or a residual after the context attentions (Table 9)."""
+
+    context_sentences: int = 2
+    num_context_layers: int = 1
+    context_in_encoder: bool = True
+    context_in_decoder: bool = True
+    context_gating: bool = True
+
+    def __post_init__(self) -> None:
+        if self.context_sentences < 1:
+            raise ValueError(f"context_sentences must be >= 1: {self.context_sentences}")
+        if self.num_context_layers < 0:
+            raise ValueError(f"num_context_layers must be >= 0: {self.num_context_layers}")
+        if not (self.context_in_encoder or self.context_in_decoder):
+            raise ValueError(
+                "context_in_encoder and context_in_decoder are both False: that is the "
+                "sentence Transformer (model.name = 'transformer')"
+            )
+
+
+class ContextSublayer(nn.Module):
+    """The sublayer wrapper after a context attention: gating (Eq. 21-22) or the residual,
+    each followed by LayerNorm (post-LN); rows without context (``present`` False) pass
+    ``H`` through unchanged."""
+
+    config: DocTConfig
+
+    @nn.compact
+    def __call__(self, x: Array, fn: Callable[[Array], Array], present: Array) -> Array:
+        cfg = self.config
+        norm = layers.layer_norm(cfg.dtype, name="norm")
+        sub = fn(norm(x) if cfg.pre_ln else x)
+        if cfg.context_gating:
+            gate = jax.nn.sigmoid(
+                self._gate_projection("gate_input")(x) + self._gate_projection("gate_context")(sub)
+            )
+            self.sow("intermediates", "gate_values", gate)
+            out = gate * x + (1.0 - gate) * sub
+        else:
+            out = x + nn.Dropout(cfg.dropout_rate)(sub, deterministic=cfg.deterministic)
+        if not cfg.pre_ln:
+            out = norm(out)
+        return jnp.where(present[:, None, None], out, x)
+
+    def _gate_projection(self, name: str) -> nn.Dense:
+        """``W_i`` or ``W_s`` of Eq. (22): ``D x D``, no bias (THUMT)."""
+        return nn.Dense(
+            self.config.d_model,
+            use_bias=False,
+            dtype=self.config.dtype,
+            kernel_init=layers.partitioned(nn.initializers.xavier_uniform(), ("embed", "mlp")),
+            name=name,
+        )
+
+
+class ContextEncoderLayer(nn.Module):
+    """Encoder layer of Eq. (11)-(13): self-attention, context attention, FFN (parameter
+    names of :class:`~.transformer.EncoderLayer` plus ``context_attention``/``context_block``)."""
+
+    config: DocTConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.self_attention = cfg.attention("self_attention")
+        self.attention_block = cfg.sublayer("attention_block")
+        if cfg.context_in_encoder:
+            self.context_attention = cfg.attention("context_attention")
+            self.context_block = ContextSublayer(cfg, name="context_block")
+        self.ffn = cfg.feed_forward("ffn")
+        self.ffn_block = cfg.sublayer("ffn_block")
+
+    def __call__(
+        self, x: Array, mask: Array, context: Array, context_mask: Array, present: Array
+    ) -> Array:
+        x = self.attention_block(x, lambda h: self.self_attention(h, h, mask))
+        if self.config.context_in_encoder:
+            attend = self.context_attention
+            x = self.context_block(x, lambda h: attend(h, context, context_mask), present)
+        x = self.ffn_block(x, self.ffn)
+        return layers.constrain(x, ("batch", "length", "embed"))
+
+
+class ContextDecoderLayer(transformer.DecoderLayer):
+    """Decoder layer of Eq. (15)-(18): self-attention, context attention, encoder-decoder
+    attention, FFN. Decoding passes the context keys/values as ``context_kv`` (projected once
+    per example, :meth:`context_kv`) like the cross-attention's."""
+
+    config: DocTConfig
+
+    def setup(self) -> None:
+        super().setup()
+        if self.config.context_in_decoder:
+            self.context_attention = self.config.attention("context_attention")
+            self.context_block = ContextSublayer(self.config, name="context_block")
+
+    def __call__(  # type: ignore[override]
+        self,
+        y: Array,
+        self_mask: Array,
+        encoded: Array | None,
+        cross_mask: Array,
+        context: Array | None,
+        context_mask: Array,
+        present: Array,
+        cache: Cache | None = None,
+        index: Array | None = None,
+        cross_kv: tuple[Array, Array] | None = None,
+        context_kv: tuple[Array, Array] | None = None,
+    ) -> tuple[Array, Cache | None]:
+        y, new_cache = self.self_attention_sublayer(y, self_mask, cache, index)
+        if self.config.context_in_decoder:
+            attention = self.context_attention
+            y = self.context_block(
+                y,
+                lambda h: transformer.memory_attention(
+                    attention, h, context, context_mask, context_kv
+                ),
+                present,
+            )
+        y = self.cross_attention_sublayer(y, encoded, cross_mask, cross_kv)
+        y = self.ffn_block(y, self.ffn)
+        return layers.constrain(y, ("batch", "length", "embed")), new_cache
+
+    def context_kv(self, context: Array) -> tuple[Array, Array]:
+        """Context-attention keys/values ``[B, H, Lc, d]`` (heads-major) of the context states."""
+        return tuple(layers.heads_major(x) for x in self.context_attention.project_kv(context))
+
+
+class DocT(transformer.Transformer):
+    """DocT over sentence rows: ``src [N, Ts]`` with each row's context ``[N, Lc]``
+    (:func:`context_windows`) -> logits ``[N, Tt, V]``. Same parameter names as the sentence
+    Transformer for ``theta_s``."""
+
+    config: DocTConfig
+    encoder_layer_class: ClassVar[type[nn.Module]] = ContextEncoderLayer
+    decoder_layer_class: ClassVar[type[nn.Module]] = ContextDecoderLayer
+
+    def setup(self) -> None:
+        super().setup()
+        cfg = self.config
+        self.context_layers = [transformer.EncoderLayer(cfg) for _ in range(cfg.num_context_layers)]
+        if cfg.pre_ln:
+            self.context_norm = layers.layer_norm(cfg.dtype)
+
+    def encode_context(self, context: Array, context_mask: Array) -> Array:
+        """``C^(N_c)`` (Eq. 4-9) of contexts ``[N, Lc]``: positions count the real tokens of the
+        concatenation; no input dropout (THUMT)."""
+        positions = jnp.maximum(jnp.cumsum(context_mask > 0, axis=-1) - 1, 0)
+        x = self.embed(context) + layers.sinusoidal_encoding(
+            positions, self.config.d_model, self.config.dtype
+        )
+        mask = layers.padding_mask(context_mask, context_mask)
+        for layer in self.context_layers:
+            x = layer(x, mask)
+        return self.context_norm(x) if self.config.pre_ln else x
+
+    def encode(  # type: ignore[override]
+        self, src: Array, src_mask: Array, context: Array, context_mask: Array
+    ) -> tuple[Array, Array]:
+        """(encoder states ``S^(N_s)`` ``[N, Ts, D]``, context states ``C^(N_c)``
+        ``[N, Lc, D]``) of sentences ``src [N, Ts]`` and their contexts ``[N, Lc]``."""
+        states = self.encode_context(context, context_mask)
+        present = jnp.any(context_mask > 0, axis=-1)
+        positions = jnp.broadcast_to(jnp.arange(src.shape[-1]), src.shape)
+        x = self._embed(src, positions)
+        mask = layers.padding_mask(src_mask, src_mask)
+        to_context = layers.padding_mask(src_mask, context_mask)
+        for layer in self.encoder_layers:
+            x = layer(x, mask, states, to_context, present)
+        return (self.encoder_norm(x) if self.config.pre_ln else x), states
+
+    def decode(  # type: ignore[override]
+        self,
+        encoded: Array,
+        src_mask: Array,
+        tgt_in: Array,
+        tgt_mask: Array,
+        context_states: Array,
+        context_mask: Array,
+    ) -> Array:
+        """Teacher-forced decoder: ``tgt_in [N, Tt]`` (shifted right) -> logits."""
+        present = jnp.any(context_mask > 0, axis=-1)
+        positions = jnp.broadcast_to(jnp.arange(tgt_in.shape[-1]), tgt_in.shape)
+        self_mask = layers.causal_mask(tgt_in.shape[-1]) & layers.padding_mask(tgt_mask, tgt_mask)
+        cross_mask = layers.padding_mask(tgt_mask, src_mask)
+        to_context = layers.padding_mask(tgt_mask, context_mask)
+        y = self._embed(tgt_in, positions)
+        for layer in self.decoder_layers:
+            y, _ = layer(y, self_mask, encoded, cross_mask, context_states, to_context, present)
+        return self._output(y)
+
+    def __call__(  # type: ignore[override]
+        self,
+        src: Array,
+        src_mask: Array,
+        tgt: Array,
+        tgt_mask: Array,
+        context: Array,
+        context_mask: Array,
+    ) -> Array:
+        """Logits ``[N, Tt, V]`` for targets ``tgt`` (not shifted; EOS-terminated)."""
+        encoded, states = self.encode(src, src_mask, context, context_mask)
+        tgt_in = layers.shift_right(tgt, BOS_ID)
+        return self.decode(encoded, src_mask, tgt_in, tgt_mask, states, context_mask)
+
+    def decode_inputs(  # type: ignore[override]
+        self, encoded: Array, src_mask: Array, context_states: Array, context_mask: Array
+    ) -> dict[str, Any]:
+        """Per-example inputs of :meth:`decode_step`: the Transformer's (source mask,
+        cross-attention keys/values) plus the context mask, whether a context exists, and
+        every layer's context-attention keys/values, computed once per sentence."""
+        extra = super().decode_inputs(encoded, src_mask)
+        extra["context_mask"] = context_mask
+        for i, layer in enumerate(self.decoder_layers):
+            if self.config.context_in_decoder:
+                k, v = layer.context_kv(context_states)
+                extra[f"layer_{i}"].update(context_key=k, context_value=v)
+        return extra
+
+    def decode_step(self, cache: Cache, token: Array, extra: dict[str, Any]) -> tuple[Array, Cache]:
+        """One step: ``token [N]`` at ``cache['index']`` -> logits ``[N, V]``; ``extra``
+        (:meth:`decode_inputs`) has one row per example, ``N`` a multiple of it."""
+        index = cache["index"]
+        max_len = cache["layer_0"]["key"].shape[2]
+        y = self._embed(token[:, None], jnp.full(token.shape + (1,), index))
+        self_mask = (jnp.arange(max_len) <= index)[None, None, None, :]
+        cross_mask = (extra["src_mask"] > 0)[:, None, None, :]
+        context_mask = extra["context_mask"] > 0
+        beams = token.shape[0] // context_mask.shape[0]
+        present = jnp.repeat(jnp.any(context_mask, axis=-1), beams)
+        new_cache: Cache = {"index": index + 1}
+        for i, layer in enumerate(self.decoder_layers):
+            inputs = extra[f"layer_{i}"]
+            context_kv = None
+            if self.config.context_in_decoder:
+                context_kv = (inputs["context_key"], inputs["context_value"])
+            y, new_cache[f"layer_{i}"] = layer(
+                y,
+                self_mask,
+                None,
+                cross_mask,
+                None,
+                context_mask[:, None, None, :],
+                present,
+                cache=cache[f"layer_{i}"],
+                index=index,
+                cross_kv=(inputs["cross_key"], inputs["cross_value"]),
+                context_kv=context_kv,
+            )
+        return self._output(y)[:, 0], new_cache
+
+
+def context_windows(batch: dict[str, Array], k: int) -> tuple[Array, Array]:
+    """Every sentence's context: the ``k`` source sentences before it in its document,
+    concatenated, ``(ids, mask)`` ``[B*S, k*T]`` from a grid batch ``[B, S, T]``.
+
+    Sentence ``s`` of a chunk reads rows ``s .. s+k-1`` of ``[context_src; src]`` (the
+    pipeline's ``k`` sentences before the chunk, then the chunk): ``k`` static slices, no loop
+    over sentences. A batch without ``context_src`` (built outside the pipeline) gives the
+    chunk's first sentence no context. Empty slots (before the document's start, padding)
+    are all padding, so they drop out of the concatenation.
+    """
+    src, mask = batch["src"], batch["src_mask"]
+    B, S, T = src.shape
+    if "context_src" in batch:
+        before, before_mask = batch["context_src"], batch["context_src_mask"]
+        if before.shape[1] < k or before.shape[2] != T:
+            raise ModelError(
+                f"the batch's context_src {before.shape} holds fewer than "
+                f"config.model.context_sentences={k} sentences of {T} tokens: build the "
+                "batches with PipelineConfig(context_sentences=k) (the model's context_sentences)"
+            )
+        first = before.shape[1] - k
+        before, before_mask = before[:, first:], before_mask[:, first:]
+    else:
+        before = before_mask = jnp.zeros((B, k, T), src.dtype)
+    ids, real = jnp.concatenate([before, src], 1), jnp.concatenate([before_mask, mask], 1)
+    windows = [jnp.stack([x[:, j : j + S] for j in range(k)], axis=2) for x in (ids, real)]
+    return tuple(w.reshape(B * S, k * T) for w in windows)  # type: ignore[return-value]
+
+
+@register("doct", config=DocTConfig, flops=flops.doct_terms)
+class DocTModel(BaseModel):
+    """DocT behind the model interface: chunks in, every sentence translated with its
+    ``k`` preceding source sentences, all sentences of a chunk at once."""
+
+    module_class = DocT
+    layout = BatchLayout.CHUNKS
+
+    @property
+    def context_sentences(self) -> int:
+        """The pipeline adds the ``k`` source sentences before every chunk."""
+        return self.config.context_sentences
+
+    def rows(self, batch: dict[str, Array]) -> dict[str, Array]:
+        """One row per sentence with its context window (:func:`context_windows`)."""
+        require_grid(batch, "DocT")
+        T = batch["src"].shape[-1]
+        rows = {key: batch[key].reshape(-1, T) for key in ("src", "src_mask", "tgt", "tgt_mask")}
+        k = self.config.context_sentences
+        rows["context"], rows["context_mask"] = context_windows(batch, k)
+        return rows
+
+    def transformer_rules(self) -> list[tuple[str, str]]:
+        """``theta_s`` from the sentence Transformer's identical paths; ``theta_d`` fresh."""
+        return [(DOCUMENT_PARAMETERS, "skip"), (r"(.*)", r"\1")]
+
+    def with_random_context(self, batch: dict[str, Array], rng: Array) -> dict[str, Array]:
+        """Every sentence with a context from other rows (Jean & Cho 2019): the chunk and its
+        ``context_src`` are rotated together as one ``[B, K+S]`` sentence grid
+        (:func:`~.base.random_context_batch`), so no sentence keeps a context sentence of its
+        own row when ``B >= K + S``."""
+        require_grid(batch, "with_random_context")
+        if "context_src" not in batch:
+            return random_context_batch(batch, rng)
+        B, S = batch["src"].shape[:2]
+        K = batch["context_src"].shape[1]
+        joined, rotated = {}, []
+        for key, value in batch.items():
+            if key.startswith("context_"):
+                continue
+            if value.ndim >= 2 and value.shape[:2] == (B, S):
+                empty = jnp.zeros((B, K) + value.shape[2:], value.dtype)
+                before = batch.get(f"context_{key}", empty)
+                joined[key] = jnp.concatenate([before, value], 1)
+                rotated.append(key)
+            else:
+                joined[key] = value
+        shuffled = random_context_batch(joined, rng)
+        out = {key: shuffled[key][:, K:] if key in rotated else v for key, v in joined.items()}
+        out["context_src"], out["context_src_mask"] = (
+            shuffled[key][:, :K] for key in ("src", "src_mask")
+        )
+        out["origin_row"] = shuffled["origin_row"][:, K:]
+        return out
+
+    def translate(
+        self, params: Any, batch: dict[str, Array], search: SearchConfig
+    ) -> tuple[Array, dict[str, Array]]:
+        """Beam search of every sentence of the chunks at once, each with its context (the
+        context and encoder run once): ids ``[B, S, L]``, padding sentences PAD."""
+        module, variables = self.eval_module, {"params": params}
+        rows = self.rows(batch)
+        encoded, states = module.apply(
+            variables,
+            rows["src"],
+            rows["src_mask"],
+            rows["context"],
+            rows["context_mask"],
+            method=module.encode,
+        )
+        extra = module.apply(
+            variables,
+            encoded,
+            rows["src_mask"],
+            states,
+            rows["context_mask"],
+            method=module.decode_inputs,
+        )
+        max_len, limits = sentence_limits(rows["src_mask"], search)
+        result = search_decoder(module, variables, extra, search, max_len, limits)
+        ids = result.sequences[:, 0].reshape(batch["src"].shape[:2] + (max_len,))
+        return pad_empty_sentences(ids, batch["src_mask"]), {}
