@@ -103,3 +103,30 @@ def test_curriculum_stages_chain_and_tracking(tmp_path):
     assert short_config["init_from"] == str(adjacent / "model")
     assert main_config["init_from"] == str(short / "model")
     assert "ctx_acc" in (workdir / "model" / "train.log").read_text()
+
+
+# DocT (Zhang et al. 2018) with k = 2: antecedents 1 or 2 sentences back sit in its window.
+# Learned by step 400 (dev forced choice 0.46 / 0.42 / 0.88 / 1.00 / 1.00 at steps 100-500,
+# BUILD_NOTES.md, "Does DocT use its context?"); chunks of 4 sentences keep the batch shapes
+# (compilations) few. Beyond the window it stays at chance: the full task's distance table.
+DOCT_TASK = dict(FAST_TASK, distances=(1, 2))
+DOCT_TRAINING = dict(context_proof.TINY, num_steps=500, lr_scale=0.5)
+
+
+def test_doct_uses_the_two_sentences_of_its_window(tmp_path):
+    data_dir = str(tmp_path / "data")
+    synthetic.write_corpus(
+        data_dir, synthetic.SyntheticConfig(**DOCT_TASK), {"train": 2000, "dev": 50, "test": 150}
+    )
+    config = context_proof.proof_config(
+        load_config(os.path.join(ROOT, "configs", "doct.py")), data_dir, **DOCT_TRAINING
+    )
+    config.data.max_sentences = 4
+    assert config.model.context_sentences == 2
+    doct = context_proof.run(config, str(tmp_path / "doct"), contrastive_split="test")
+    print(context_proof.markdown(doct, "doct"))
+    for distance in (1, 2):
+        forced = doct["contrastive"]["by_distance"][distance]
+        assert forced["total"] >= 50 and forced["accuracy"] >= 0.95, (distance, forced)
+        greedy = doct["by_distance"][distance]
+        assert greedy["accuracy"] >= 0.9, (distance, greedy)

@@ -22,10 +22,12 @@ from test_init_from import _flat, _sized, pretrained  # noqa: F401
 
 from docnmt_jax.config_files import load_config
 from docnmt_jax.data import pipeline as P
+from docnmt_jax.data.context_labels import ContextLabel
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.decoding.translator import Translator
+from docnmt_jax.evaluation import contrastive
 from docnmt_jax.models import build_model, layers
 from docnmt_jax.models.doct import (
     DOCUMENT_PARAMETERS,
@@ -265,6 +267,7 @@ class WordTokenizer:
     """Word ids as text (the translator needs ``encode_batch`` and ``decode``)."""
 
     vocab_size = V
+    eos_id = EOS_ID
 
     def encode_batch(self, texts):
         return encode(texts)
@@ -295,6 +298,33 @@ def test_chunks_of_20_and_of_2_translate_identically():
     no_window = Translator(model, params, WordTokenizer(), search, max_sentences=2)
     no_window.pipeline_config = dataclasses.replace(no_window.pipeline_config, context_sentences=0)
     assert no_window.translate(docs) != out[0]
+
+
+def test_forced_choice_items_carry_the_context_window_of_the_pipeline():
+    """A labelled sentence at a chunk's start is scored with the same context as the
+    pipeline gives it (the sentences before its chunk), so forced choice measures DocT's
+    window, not the chunking."""
+    model = _model()
+    docs = _documents(DOCS)
+    target = DOCS[0][2][1]
+    label = ContextLabel("d0", 2, 0, "pronoun", 1, str(target[0]), (str(target[0] + 1),))
+    items = contrastive.make_items(docs, [label], WordTokenizer(), 2, False, 2)
+    batch = contrastive.grid_batch(items[:1], 1, 2, 16, 2)
+    pipeline = next(b for b in _batches(DOCS, 2) if 0 in np.asarray(b["doc_index"]))
+    row = int(
+        np.flatnonzero(
+            (np.asarray(pipeline["doc_index"]) == 0) & (np.asarray(pipeline["chunk_index"]) == 1)
+        )[0]
+    )
+    for key in ("context_src", "context_src_mask", "src", "tgt"):
+        np.testing.assert_array_equal(batch[key][0], np.asarray(pipeline[key])[row], err_msg=key)
+    assert np.asarray(batch["context_src_mask"]).sum() > 0
+    params = _params(model, pipeline)
+    np.testing.assert_allclose(
+        np.asarray(model.score(params, {k: jnp.asarray(v) for k, v in batch.items()}))[0],
+        np.asarray(model.score(params, pipeline))[row],
+        rtol=1e-5,
+    )
 
 
 def test_the_gate_equals_a_hand_computation():

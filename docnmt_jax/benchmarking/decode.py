@@ -132,7 +132,13 @@ def decode_section(args: argparse.Namespace, results: Results) -> Results:
         # call, so every search step has as many rows as the sentence model's (the same token
         # budget per row); the others get them in S calls of --chunks chunks.
         rows = args.chunks * (args.sentences if task.layout.sequential else 1)
-        batch = make_batch(args, args.chunks * args.sentences, args.sentences, args.length)
+        batch = make_batch(
+            args,
+            args.chunks * args.sentences,
+            args.sentences,
+            args.length,
+            task.context_sentences,
+        )
         params = never_eos(init_params(task, batch))
         for beam in sorted({args.beam, 1}, reverse=True):
             prepared.append(DecodeRun(name, task, params, batch, rows, beam, args))

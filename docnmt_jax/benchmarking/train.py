@@ -61,7 +61,7 @@ def train_section(args: argparse.Namespace, results: Results) -> Results:
     prepared = []
     for name in model_names(args):
         task = build(name, args, args.sentences)
-        batch = make_batch(args, args.chunks, args.sentences, args.length)
+        batch = make_batch(args, args.chunks, args.sentences, args.length, task.context_sentences)
         step = compile_train(task, batch)
         step.run(batch, args.warmup)
         prepared.append((name, task, batch, step))

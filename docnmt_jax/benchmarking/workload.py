@@ -59,11 +59,23 @@ def build(name: str, args: argparse.Namespace, sentences: int) -> Any:
     return model
 
 
-def make_batch(args: argparse.Namespace, chunks: int, sentences: int, length: int) -> Results:
-    """The shared synthetic batch: ``[chunks, sentences, length]``, seeded, no padding."""
+def make_batch(
+    args: argparse.Namespace, chunks: int, sentences: int, length: int, context_sentences: int = 0
+) -> Results:
+    """The shared synthetic batch: ``[chunks, sentences, length]``, seeded, no padding; with
+    ``context_sentences = K > 0`` (a model's context window, DocT) also ``context_src``: ``K``
+    full sentences before every chunk, so every sentence has a whole context."""
+    import numpy as np
+
     from docnmt_jax.data.schema import dummy_batch
 
-    return dummy_batch(sentences, length, rows=chunks, vocab_size=args.vocab)
+    batch = dummy_batch(sentences, length, rows=chunks, vocab_size=args.vocab)
+    if context_sentences:
+        rng = np.random.default_rng(1)
+        shape = (chunks, context_sentences, length)
+        batch["context_src"] = rng.integers(4, args.vocab, shape).astype(np.int32)
+        batch["context_src_mask"] = np.ones(shape, np.int32)
+    return batch
 
 
 def analytic_train_flops(task: Any, batch: Results) -> tuple[int | None, dict[str, int]]:

@@ -8,8 +8,10 @@ error elsewhere in the sentence cannot hide what the model knows about the conte
 search is involved, so it is cheap enough to run during training. A model that sees only the
 labelled sentence is at chance: the class or topic is drawn independently of that sentence.
 
-Document models see the chunk holding the labelled sentence (sentences ``[c*S, (c+1)*S)``);
-sentence models (``model.layout``: one sentence per row) see the sentence alone.
+Document models see the chunk holding the labelled sentence (sentences ``[c*S, (c+1)*S)``),
+and a model with a context window (``model.context_sentences = K``, DocT) also the ``K``
+source sentences before the chunk, as the pipeline gives them (``context_src``); sentence
+models (``model.layout``: one sentence per row) see the sentence alone.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class ContrastiveItem:
     src: tuple[list[int], ...]
     tgt: tuple[list[int], ...]
     segment: int
+    context: tuple[list[int], ...] = ()  # the K source sentences before the chunk (with EOS)
 
 
 def _variant(sentence: str, index: int, word: str) -> str:
@@ -54,8 +57,11 @@ def make_items(
     tokenizer: Tokenizer,
     max_sentences: int,
     sentence_level: bool,
+    context_sentences: int = 0,
 ) -> list[ContrastiveItem]:
-    """The variants of every label (candidates in :attr:`ContextLabel.candidates` order)."""
+    """The variants of every label (candidates in :attr:`ContextLabel.candidates` order),
+    each with the ``context_sentences`` source sentences before its chunk (fewer at the
+    document's start)."""
     by_id = {d.doc_id: d for d in documents}
     items = []
     for n, lb in enumerate(labels):
@@ -68,19 +74,27 @@ def make_items(
             lo = (lb.segment // max_sentences) * max_sentences
             hi = min(lo + max_sentences, len(doc.src))
         src = tuple(tokenizer.encode_batch(doc.src[lo:hi]))
+        before = doc.src[max(0, lo - context_sentences) : lo] if context_sentences else ()
+        context = tuple(ids + [tokenizer.eos_id] for ids in tokenizer.encode_batch(list(before)))
         for c, word in enumerate(lb.candidates):
             tgt_text = list(doc.tgt[lo:hi])
             tgt_text[lb.segment - lo] = _variant(tgt_text[lb.segment - lo], lb.token_index, word)
             tgt = tuple(ids + [tokenizer.eos_id] for ids in tokenizer.encode_batch(tgt_text))
             src_eos = tuple(ids + [tokenizer.eos_id] for ids in src)
-            items.append(ContrastiveItem(n, c, src_eos, tgt, lb.segment - lo))
+            items.append(ContrastiveItem(n, c, src_eos, tgt, lb.segment - lo, context))
     return items
 
 
 def grid_batch(
-    items: Sequence[ContrastiveItem], rows: int, sentences: int, length: int
+    items: Sequence[ContrastiveItem],
+    rows: int,
+    sentences: int,
+    length: int,
+    context_sentences: int = 0,
 ) -> dict[str, np.ndarray]:
-    """Pipeline-format batch ``[rows, sentences, length]`` of ``items`` (padding rows after)."""
+    """Pipeline-format batch ``[rows, sentences, length]`` of ``items`` (padding rows after),
+    with ``context_src`` ``[rows, K, length]`` when ``context_sentences = K > 0`` (the last
+    slot the sentence right before the chunk, as the pipeline lays it)."""
     shape = (rows, sentences, length)
     tokens = {side: np.zeros(shape, np.int32) for side in ("src", "tgt")}
     for r, item in enumerate(items):
@@ -89,7 +103,15 @@ def grid_batch(
                 if len(ids) > length:
                     raise ValueError(f"sentence of {len(ids)} tokens > grid length {length}")
                 tokens[side][r, k, : len(ids)] = ids
-    return batch_from_grids(tokens["src"], tokens["tgt"])
+    batch = batch_from_grids(tokens["src"], tokens["tgt"])
+    if context_sentences:
+        context = np.zeros((rows, context_sentences, length), np.int32)
+        for r, item in enumerate(items):
+            first = context_sentences - len(item.context)
+            for k, ids in enumerate(item.context):
+                context[r, first + k, : len(ids)] = ids
+        batch["context_src"], batch["context_src_mask"] = context, (context > 0).astype(np.int32)
+    return batch
 
 
 def make_sentence_scorer(model: Model) -> Callable[[Any, dict[str, np.ndarray]], jax.Array]:
@@ -99,13 +121,13 @@ def make_sentence_scorer(model: Model) -> Callable[[Any, dict[str, np.ndarray]],
 
 
 def _batches(
-    items: Sequence[ContrastiveItem], rows: int, sentences: int, bucket: int
+    items: Sequence[ContrastiveItem], rows: int, sentences: int, bucket: int, context: int
 ) -> Iterator[tuple[Sequence[ContrastiveItem], dict[str, np.ndarray]]]:
     for start in range(0, len(items), rows):
         chunk = items[start : start + rows]
-        longest = max(len(ids) for it in chunk for ids in it.src + it.tgt)
+        longest = max(len(ids) for it in chunk for ids in it.src + it.tgt + it.context)
         length = -(-longest // bucket) * bucket
-        yield chunk, grid_batch(chunk, rows, sentences, length)
+        yield chunk, grid_batch(chunk, rows, sentences, length, context)
 
 
 def candidate_scores(
@@ -121,11 +143,12 @@ def candidate_scores(
     """Per label, ``log p`` of the labelled sentence with each candidate form (in
     :attr:`ContextLabel.candidates` order), teacher-forced with its chunk as context."""
     sentence_level = model.layout.sentence_level
-    items = make_items(documents, labels, tokenizer, max_sentences, sentence_level)
+    context = model.context_sentences
+    items = make_items(documents, labels, tokenizer, max_sentences, sentence_level, context)
     sentences = 1 if sentence_level else max_sentences
     scorer = scorer or make_sentence_scorer(model)
     scores = [np.full(len(lb.candidates), np.nan) for lb in labels]
-    for chunk, batch in _batches(items, rows, sentences, bucket=16):
+    for chunk, batch in _batches(items, rows, sentences, bucket=16, context=context):
         logp = np.asarray(scorer(params, batch))
         for r, item in enumerate(chunk):
             scores[item.label][item.candidate] = logp[r, item.segment]
