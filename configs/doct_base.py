@@ -4,14 +4,10 @@
 
 import ml_collections
 
-from docnmt_jax.config_files import sibling_config
+from docnmt_jax.config_files import BASE_SIZE, sibling_config
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config = sibling_config(__file__, f"doct.py:{variant}" if variant else "doct.py")
-    config.model.d_model = 512
-    config.model.ffn_dim = 2048
-    config.model.num_heads = 8
-    config.model.num_encoder_layers = 6
-    config.model.num_decoder_layers = 6
+    config.model.update(BASE_SIZE)
     return config

@@ -8,14 +8,10 @@ switches included, is ``configs/final.py``. Train:
 
 import ml_collections
 
-from docnmt_jax.config_files import sibling_config
+from docnmt_jax.config_files import BASE_SIZE, sibling_config
 
 
 def get_config() -> ml_collections.ConfigDict:
     config = sibling_config(__file__, "final.py")
-    config.model.d_model = 512
-    config.model.ffn_dim = 2048
-    config.model.num_heads = 8
-    config.model.num_encoder_layers = 6
-    config.model.num_decoder_layers = 6
+    config.model.update(BASE_SIZE)
     return config

@@ -37,3 +37,14 @@ def load_config(path: str) -> ml_collections.ConfigDict:
 def sibling_config(config_file: str, name: str) -> ml_collections.ConfigDict:
     """``get_config()`` of ``name`` (e.g. ``"final.py"``) in the directory of ``config_file``."""
     return load_config(os.path.join(os.path.dirname(os.path.abspath(config_file)), name))
+
+
+#: Vaswani et al. (2017)'s base model: the size of the papers' larger-corpus settings
+#: (``configs/*_base.py``).
+BASE_SIZE = {
+    "d_model": 512,
+    "ffn_dim": 2048,
+    "num_heads": 8,
+    "num_encoder_layers": 6,
+    "num_decoder_layers": 6,
+}

@@ -32,14 +32,7 @@ for rules in source all; do
     --config.init_from="$OUT/pretrain_sentences" --config.init_from_rules="$rules"
 done
 
-for row in final_scratch final_source_tl final_all_tl; do
-  if [ ! -s "$OUT/$row/test.hyp.tsv" ]; then
-    $PY launch/translate.py --workdir "$OUT/$row" --input "$DATA/test.tsv" \
-      --output "$OUT/$row/test.hyp.tsv" --beam 5 --alpha 0.6 --checkpoint latest
-  fi
-  $PY launch/evaluate.py --hyp "$OUT/$row/test.hyp.tsv" --ref "$DATA/test.tsv" --json \
-    > "$OUT/$row/test.scores.json"
-done
+PYTHON="$PY" bash launch/score_rows.sh "$OUT" "$DATA" final_scratch final_source_tl final_all_tl
 
 $PY - "$OUT" "$TOTAL" "$PRE" <<'EOF'
 import json, sys

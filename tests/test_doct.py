@@ -90,6 +90,21 @@ def _batches(docs, k, max_sentences=2):
     return [{key: jnp.asarray(v) for key, v in b.items()} for b in P.numpy_batches(plan)]
 
 
+def _sentence_batches(docs, k):
+    """The pipeline's sentence-level batches (one sentence per chunk) with the window."""
+    config = P.PipelineConfig(
+        max_src_len=16,
+        max_tgt_len=16,
+        sentence_level=True,
+        shuffle=False,
+        num_epochs=1,
+        pad_batch=True,
+        context_sentences=k,
+    )
+    plan = P.plan_batches(_documents(docs), encode, config)
+    return [{key: jnp.asarray(v) for key, v in b.items()} for b in P.numpy_batches(plan)]
+
+
 def _model(**overrides):
     return build_model(dict(TINY, name="doct", **overrides), V)
 
@@ -283,7 +298,7 @@ class WordTokenizer:
 
 def test_chunks_of_20_and_of_2_translate_identically():
     """Sentences at a chunk's start get their k predecessors from the previous chunk (the
-    chunks of 2 and of 1 sentence translate like whole documents)."""
+    chunks of 2 and of 1 sentence translate like whole documents), and so do sentence rows."""
     model = _model(context_sentences=2)
     docs = _documents(DOCS)
     (batch,) = _batches(DOCS, 2, max_sentences=5)
@@ -294,6 +309,17 @@ def test_chunks_of_20_and_of_2_translate_identically():
         for s in (20, 2, 1)
     ]
     assert out[0] == out[1] == out[2]
+    # Sentence rows (each sentence its own chunk, its context from the window) give the same
+    # translations and the same loss.
+    rows_model = _model(context_sentences=2, sentence_rows=True)
+    assert rows_model.layout.sentence_level
+    by_rows = Translator(rows_model, params, WordTokenizer(), search).translate(docs)
+    assert by_rows == out[0]
+    nll = [
+        sum(float(m.loss(params, b, None, False)[1]["nll"].total) for b in batches)
+        for m, batches in ((model, _batches(DOCS, 2)), (rows_model, _sentence_batches(DOCS, 2)))
+    ]
+    np.testing.assert_allclose(nll[0], nll[1], rtol=1e-5)
     # Without the context window the chunks of 3 translate differently (the test can fail).
     no_window = Translator(model, params, WordTokenizer(), search, max_sentences=2)
     no_window.pipeline_config = dataclasses.replace(no_window.pipeline_config, context_sentences=0)

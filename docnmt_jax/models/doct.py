@@ -35,8 +35,10 @@ leaves open, each reading below is tested in ``tests/test_doct.py``):
   :data:`DOCUMENT_PARAMETERS`: the context encoder, every context attention and its gate and
   LayerNorm (THUMT trains the LayerNorm after the context attention with ``theta_d``).
 * Decoding: the context is source-only, so every sentence of a chunk is searched at once
-  (layout ``CHUNKS``); the context states are encoded once and each decoder layer's context
-  keys/values are projected once per sentence and shared by its beams, like cross-attention.
+  (layout ``CHUNKS``; with ``sentence_rows`` the rows are sentences, layout ``SENTENCES``,
+  each with its window from the pipeline's ``context_src``); the context states are encoded
+  once and each decoder layer's context keys/values are projected once per sentence and
+  shared by its beams, like cross-attention.
 * Ablations (Tables 1, 2, 7, 8, 9) are config switches of this one module:
   ``context_sentences``, ``num_context_layers``, two-step vs joint (``configs/doct.py`` vs
   ``configs/doct.py:two_step``), ``context_in_encoder``/``context_in_decoder`` and
@@ -84,13 +86,17 @@ SENTENCE_PARAMETERS = rf"^(?!(?:{DOCUMENT_PARAMETERS})$)"
 class DocTConfig(TransformerConfig):
     """Transformer hyper-parameters plus DocT's: the context length ``k`` (Table 1), the
     context encoder's layers ``N_c`` (Table 2), where the context is integrated (Table 8) and
-    gating or a residual after the context attentions (Table 9)."""
+    gating or a residual after the context attentions (Table 9). ``sentence_rows``: batch
+    rows are single sentences, each with its ``k`` predecessors from the pipeline's context
+    window (as THUMT batches them; less padding than chunks of 20 on real documents), instead
+    of whole chunks; the same model and outputs either way."""
 
     context_sentences: int = 2
     num_context_layers: int = 1
     context_in_encoder: bool = True
     context_in_decoder: bool = True
     context_gating: bool = True
+    sentence_rows: bool = False
 
     def __post_init__(self) -> None:
         if self.context_sentences < 1:
@@ -371,7 +377,10 @@ class DocTModel(BaseModel):
     ``k`` preceding source sentences, all sentences of a chunk at once."""
 
     module_class = DocT
-    layout = BatchLayout.CHUNKS
+
+    def __init__(self, config: DocTConfig, label_smoothing: float = 0.0):
+        super().__init__(config, label_smoothing)
+        self.layout = BatchLayout.SENTENCES if config.sentence_rows else BatchLayout.CHUNKS
 
     @property
     def context_sentences(self) -> int:

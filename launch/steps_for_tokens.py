@@ -1,0 +1,69 @@
+"""How many optimiser steps give a model as many real target tokens as ``--reference_steps``
+steps of a reference model, each on its own batch plan of the Bible's training split (its
+packing or grid, its padding): the budget of ``launch/doct_bible.sh``. Prints the steps and,
+on stderr, each plan's real target tokens per step.
+
+  python launch/steps_for_tokens.py --config configs/doct.py --reference configs/transformer.py
+      --reference_steps 450 --tokenizer runs/table4/pretrain_sentences/spm.model
+      [--set model.sentence_rows=True ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from docnmt_jax.config_files import load_config
+from docnmt_jax.data import pipeline as pipeline_lib
+from docnmt_jax.data.tokenizer import load_tokenizer
+from docnmt_jax.models import build_model
+from docnmt_jax.training import trainer
+
+
+def tokens_per_step(config_path: str, sets: list[str], tokenizer_path: str) -> float:
+    """Mean real target tokens of one training step of ``config_path`` (with ``sets``)."""
+    config = load_config(config_path)
+    for item in sets:
+        key, _, value = item.partition("=")
+        section, _, name = key.partition(".")
+        config[section][name] = type(config[section][name])(
+            value == "True" if isinstance(config[section][name], bool) else value
+        )
+    tokenizer = load_tokenizer(tokenizer_path)
+    model = build_model(config.model, tokenizer.vocab_size)
+    packing = model.packing() if config.data.get("packed", True) else None
+    cfg = trainer.pipeline_config(
+        config.data,
+        0,
+        True,
+        model.layout.sentence_level,
+        packing=packing,
+        context_sentences=model.context_sentences,
+    )
+    docs = trainer.load_documents(config.data, "train")
+    plan = pipeline_lib.plan_batches(docs, tokenizer.encode_batch, cfg)
+    epoch = plan.stats  # one epoch: every training target token, its batches
+    return epoch.tgt_tokens / max(epoch.batches_per_epoch, 1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True)
+    p.add_argument("--reference", required=True)
+    p.add_argument("--reference_steps", type=int, required=True)
+    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--set", action="append", default=[], help="SECTION.KEY=VALUE of --config")
+    args = p.parse_args()
+    model_tokens = tokens_per_step(args.config, args.set, args.tokenizer)
+    reference = tokens_per_step(args.reference, [], args.tokenizer)
+    steps = round(args.reference_steps * reference / model_tokens)
+    print(
+        f"{args.reference}: {reference:.0f} real target tokens per step; {args.config} "
+        f"{' '.join(args.set)}: {model_tokens:.0f}; {steps} steps",
+        file=sys.stderr,
+    )
+    print(steps)
+
+
+if __name__ == "__main__":
+    main()
