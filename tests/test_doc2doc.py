@@ -388,6 +388,7 @@ class _FakeModel:
     sentences per chunk (with ``counts``) or no aux (without)."""
 
     layout = BatchLayout.CHUNKS
+    context_sentences = 0  # no context window before the chunks (Model protocol)
 
     def __init__(self, counts: bool):
         self.counts = counts
