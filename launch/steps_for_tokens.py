@@ -39,6 +39,7 @@ def tokens_per_step(config_path: str, sets: list[str], tokenizer_path: str) -> f
         model.layout.sentence_level,
         packing=packing,
         context_sentences=model.context_sentences,
+        whole_documents=model.whole_documents,
     )
     docs = trainer.load_documents(config.data, "train")
     plan = pipeline_lib.plan_batches(docs, tokenizer.encode_batch, cfg)

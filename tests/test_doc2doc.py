@@ -389,6 +389,7 @@ class _FakeModel:
 
     layout = BatchLayout.CHUNKS
     context_sentences = 0  # no context window before the chunks (Model protocol)
+    whole_documents = False  # chunks of max_sentences (Model protocol)
 
     def __init__(self, counts: bool):
         self.counts = counts

@@ -147,6 +147,7 @@ def corpus_section(args: argparse.Namespace, results: Results) -> Results:
                 sentence_level=task.layout.sentence_level,
                 packing=packing,
                 context_sentences=task.context_sentences,
+                whole_documents=task.whole_documents,
             )
             plan = P.plan_batches(corpus, config=config)
             batches = [b for _, b in zip(range(needed), P.numpy_batches(plan), strict=False)]

@@ -129,7 +129,9 @@ class BatchPlan(EpochIteration):
         self.corpus = corpus
         self.config = config
         self.chunk_table = make_chunks(corpus, config)
-        sb, tb = np.asarray(config.s_buckets), np.asarray(config.t_buckets)
+        longest_document = int(np.diff(corpus.sentence_starts).max(initial=1))
+        sb = np.asarray(config.s_buckets_for(longest_document))
+        tb = np.asarray(config.t_buckets)
         self._s_buckets, self._t_buckets = sb, tb
         c = self.chunk_table
         self.chunk_bucket = (

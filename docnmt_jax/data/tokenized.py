@@ -57,7 +57,12 @@ class PackingConfig:
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
     """Chunking, bucketing, batching and ordering of the document pipeline, and the optional
-    source context window of grid batches (``context_sentences``)."""
+    source context window of grid batches (``context_sentences``).
+
+    ``whole_documents``: every chunk is a whole document, however long (models whose context
+    is the whole document, HM-GDC); the sentence buckets then continue above
+    ``max_sentences`` by factors of about 1.5 up to the corpus's longest document
+    (:meth:`s_buckets_for`)."""
 
     max_sentences: int = 20
     max_src_len: int = 128
@@ -82,6 +87,8 @@ class PipelineConfig:
     # K: grid batches also carry the K source sentences before each chunk (``context_src``,
     # ``context_src_mask`` [B, K, T], schema.CONTEXT_FEATURE_AXES) and T covers them too.
     context_sentences: int = 0
+    # Chunks are whole documents (grid only, not with sentence_level).
+    whole_documents: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -112,6 +119,11 @@ class PipelineConfig:
             raise ValueError(
                 "PipelineConfig.context_sentences needs the [B, S, T] grid: set packing=None"
             )
+        if self.whole_documents and (self.packing is not None or self.sentence_level):
+            raise ValueError(
+                "PipelineConfig.whole_documents needs document chunks on the [B, S, T] grid: "
+                "set packing=None and sentence_level=False"
+            )
 
     @property
     def sentences_per_chunk(self) -> int:
@@ -122,6 +134,18 @@ class PipelineConfig:
     def s_buckets(self) -> tuple[int, ...]:
         """Sentence buckets clipped to (and always including) ``sentences_per_chunk``."""
         return _clip_buckets(self.sentence_buckets, self.sentences_per_chunk)
+
+    def s_buckets_for(self, longest_document: int) -> tuple[int, ...]:
+        """The sentence buckets of a corpus whose longest document has ``longest_document``
+        sentences: :attr:`s_buckets`, or with ``whole_documents`` those continued above
+        ``max_sentences`` by steps of about 1.5x (multiples of 4) up to the longest document,
+        itself always a bucket."""
+        if not self.whole_documents:
+            return self.s_buckets
+        buckets = list(self.s_buckets)
+        while buckets[-1] < longest_document:
+            buckets.append(min(4 * math.ceil(1.5 * buckets[-1] / 4), longest_document))
+        return tuple(buckets)
 
     @property
     def t_buckets(self) -> tuple[int, ...]:
@@ -289,7 +313,8 @@ def tokenize_corpus(
 
 
 def make_chunks(corpus: TokenizedCorpus, config: PipelineConfig) -> dict[str, np.ndarray]:
-    """Chunk table: consecutive runs of <= S sentences per document, from sentence 0.
+    """Chunk table: consecutive runs of <= S sentences per document, from sentence 0 (with
+    ``config.whole_documents`` one chunk per document).
 
     Columns (one entry per chunk): ``doc``, ``index`` (chunk number in its document),
     ``offset`` (index in its document of its first sentence), ``start`` (global index of that
@@ -297,8 +322,10 @@ def make_chunks(corpus: TokenizedCorpus, config: PipelineConfig) -> dict[str, np
     either side and of the source of the up to ``config.context_sentences`` sentences of its
     document before it (global ``start - j`` for ``1 <= j <= min(K, offset)``), so that the
     chunk's ``T`` bucket holds its context too."""
-    S = config.sentences_per_chunk
     per_doc = np.diff(corpus.sentence_starts)
+    S = config.sentences_per_chunk
+    if config.whole_documents:
+        S = max(int(per_doc.max(initial=1)), 1)
     n_chunks = -(-per_doc // S)
     doc = np.repeat(np.arange(per_doc.size, dtype=np.int64), n_chunks)
     first = np.zeros(per_doc.size, dtype=np.int64)

@@ -123,6 +123,7 @@ class Translator:
             # as many chunks as a sentence model gets sentences: same rows per search step.
             sequential_sentences=model.layout.sequential,
             context_sentences=model.context_sentences,
+            whole_documents=model.whole_documents,
             batch_multiple=mesh.batch_shards if mesh is not None else 1,
         )
         self.stats = TranslationStats()

@@ -144,6 +144,8 @@ def candidate_scores(
     :attr:`ContextLabel.candidates` order), teacher-forced with its chunk as context."""
     sentence_level = model.layout.sentence_level
     context = model.context_sentences
+    if model.whole_documents:  # its chunks are whole documents
+        max_sentences = max([len(doc.src) for doc in documents] + [max_sentences])
     items = make_items(documents, labels, tokenizer, max_sentences, sentence_level, context)
     sentences = 1 if sentence_level else max_sentences
     scorer = scorer or make_sentence_scorer(model)

@@ -18,6 +18,8 @@ see only the :class:`Model` protocol:
   other rows (Jean & Cho 2019); sentence models raise :class:`ModelError`.
 * ``context_sentences``: how many source sentences before every chunk the pipeline adds as
   ``context_src`` (0 but for models whose context window reaches into the previous chunk).
+* ``whole_documents``: whether the pipeline's chunks must be whole documents, however long
+  (models whose context is the whole document, HM-GDC; ``PipelineConfig.whole_documents``).
 * ``translate(params, batch, search) -> (ids [B, S, L], aux)``: pure, jit-able search; models
   of the slot-by-slot layout implement the hooks ``search_inputs``/``search_slot`` instead
   (:mod:`docnmt_jax.decoding.search`).
@@ -130,6 +132,9 @@ class Model(Protocol):
     @property
     def context_sentences(self) -> int: ...
 
+    @property
+    def whole_documents(self) -> bool: ...
+
     def init(self, rng: Array, batch: Batch) -> PyTree: ...
 
     def loss(
@@ -198,6 +203,12 @@ class BaseModel:
         """How many source sentences before every chunk (same document) the pipeline must add
         as ``context_src`` (``PipelineConfig.context_sentences``); default 0."""
         return 0
+
+    @property
+    def whole_documents(self) -> bool:
+        """Whether every chunk must be a whole document (``PipelineConfig.whole_documents``);
+        default False: chunks of at most ``data.max_sentences`` sentences."""
+        return False
 
     def check_data(self, config: PipelineConfig) -> None:
         """Raises :class:`ModelError` (naming the config keys) when batches of the pipeline

@@ -70,16 +70,25 @@ class TransformerConfig:
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention then FFN, each wrapped in a residual sublayer."""
+    """Self-attention then FFN, each wrapped in a residual sublayer. ``attention`` replaces
+    the layer's own self-attention by a module of another layer (parameters shared with it,
+    HM-GDC's document encoder); the layer then has none of its own."""
 
     config: TransformerConfig
+    own_attention: bool = True
 
-    @nn.compact
-    def __call__(self, x: Array, mask: Array) -> Array:
+    def setup(self) -> None:
         cfg = self.config
-        attn = cfg.attention("self_attention")
-        x = cfg.sublayer("attention_block")(x, lambda h: attn(h, h, mask))
-        x = cfg.sublayer("ffn_block")(x, cfg.feed_forward("ffn"))
+        if self.own_attention:
+            self.self_attention = cfg.attention("self_attention")
+        self.attention_block = cfg.sublayer("attention_block")
+        self.ffn = cfg.feed_forward("ffn")
+        self.ffn_block = cfg.sublayer("ffn_block")
+
+    def __call__(self, x: Array, mask: Array, attention: nn.Module | None = None) -> Array:
+        attend = self.self_attention if attention is None else attention
+        x = self.attention_block(x, lambda h: attend(h, h, mask))
+        x = self.ffn_block(x, self.ffn)
         return layers.constrain(x, ("batch", "length", "embed"))
 
 

@@ -114,6 +114,7 @@ def pipeline_config(
     batch_multiple: int = 1,
     packing: PackingConfig | None = None,
     context_sentences: int = 0,
+    whole_documents: bool = False,
 ) -> pipeline_lib.PipelineConfig:
     """The pipeline settings for training (shuffled, endless) or evaluation (one padded pass);
     ``sentence_level`` from the model's layout; batch rows are a multiple of
@@ -121,7 +122,9 @@ def pipeline_config(
     (:meth:`~docnmt_jax.models.base.BaseModel.packing`), with ``data.packed_row_tokens`` (when
     > 0) as the shortest row length, or None for the ``[B, S, T]`` grid;
     ``context_sentences`` the model's context window
-    (:attr:`~docnmt_jax.models.base.BaseModel.context_sentences`)."""
+    (:attr:`~docnmt_jax.models.base.BaseModel.context_sentences`); ``whole_documents``
+    whether chunks are whole documents (the model's
+    :attr:`~docnmt_jax.models.base.BaseModel.whole_documents`)."""
     budget = data_cfg.eval_batch_tokens
     row_tokens = data_cfg.get("packed_row_tokens", 0)
     if packing is not None and row_tokens > 0:
@@ -142,6 +145,7 @@ def pipeline_config(
         batch_multiple=math.lcm(batch_multiple, data_cfg.get("batch_multiple", 1)),
         packing=packing,
         context_sentences=context_sentences,
+        whole_documents=whole_documents,
     )
 
 
@@ -508,6 +512,7 @@ def train_and_evaluate(
             batch_multiple=layout.batch_shards,
             packing=packing,
             context_sentences=model.context_sentences,
+            whole_documents=model.whole_documents,
         )
         model.check_data(cfg)
         return pipeline_lib.plan_batches(docs, encode, cfg)
