@@ -6,7 +6,8 @@ unless ``lowercase``):
 * **s-BLEU**: corpus BLEU over the aligned sentences;
 * **d-BLEU**: corpus BLEU over documents, each document's sentences joined with one space
   (Liu et al., 2020; Zheng et al., 2020's BLEU_doc; G-Transformer);
-* **chrF**: corpus chrF over the aligned sentences.
+* **chrF**: corpus chrF over the aligned sentences;
+* optionally **pronoun overlap** (:mod:`docnmt_jax.evaluation.pronouns`; not APT).
 
 :func:`score_documents` scores aligned lists of documents in memory (e.g. dev BLEU in the
 training loop). :func:`evaluate_files` reads, aligns and scores a hypothesis and a reference
@@ -30,13 +31,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
 from docnmt_jax.data.documents import CorpusFormatError
 from docnmt_jax.data.readers import _first_nonblank_line, _is_blank, _read_lines
+from docnmt_jax.evaluation.pronouns import format_pronoun_report, pronoun_scores
 
 PathLike = str | os.PathLike
 
@@ -300,9 +302,16 @@ def score_documents(
     }
 
 
-def evaluate_files(hyp_path: PathLike, ref_path: PathLike, lowercase: bool = False) -> dict:
+def evaluate_files(
+    hyp_path: PathLike,
+    ref_path: PathLike,
+    lowercase: bool = False,
+    pronouns: str | Iterable[str] | None = None,
+) -> dict:
     """Reads, aligns (see :func:`align_documents`) and scores two files; the result of
-    :func:`score_documents` plus ``hyp`` and ``ref`` (the paths)."""
+    :func:`score_documents` plus ``hyp`` and ``ref`` (the paths). With ``pronouns`` (a
+    language key or a word list) also ``"pronouns"``: :func:`pronoun_scores` of the aligned
+    sentences (always case-insensitive)."""
     hyp_path, ref_path = os.fspath(hyp_path), os.fspath(ref_path)
     ref_docs = read_references(ref_path)
     if not ref_docs:
@@ -314,6 +323,12 @@ def evaluate_files(hyp_path: PathLike, ref_path: PathLike, lowercase: bool = Fal
     result = score_documents(
         [h.sentences for h, _ in pairs], [r.sentences for _, r in pairs], lowercase=lowercase
     )
+    if pronouns is not None:
+        result["pronouns"] = pronoun_scores(
+            [s for h, _ in pairs for s in h.sentences],
+            [s for _, r in pairs for s in r.sentences],
+            pronouns,
+        )
     return {**result, "hyp": hyp_path, "ref": ref_path}
 
 
@@ -334,4 +349,6 @@ def format_report(result: dict[str, Any]) -> str:
     lines.append(
         f"{'sentences':11s}{result['sentences']}  ({result['empty_hypotheses']} empty hypotheses)"
     )
+    if "pronouns" in result:
+        lines.append(format_pronoun_report(result["pronouns"]))
     return "\n".join(lines)
