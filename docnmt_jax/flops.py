@@ -58,6 +58,14 @@ DocT (Zhang et al. 2018) adds, per sentence row, with a context of ``Lc = k·Ts`
                    attention    2 · 2·Tq·Lc·D
                    gate         2 · 2·Tq·D²            W_i H, W_s SubLayer(H)
 
+HM-GDC (Tan et al. 2019) adds, with ``N_d`` document layers::
+
+  summary          per sentence row: self-attention projections and attention (no FFN)
+  document encoder N_d encoder layers (as above) on B rows of S sentence vectors
+  context attn     per sentence row: Q, out 2 · 2·Ts·D², attention 2 · 2·Ts·S·D;
+                   per document: K, V 2 · 2·S·D²
+  DocEnc-Decoder   per decoder layer: the same with Tt queries per sentence row
+
 Doc2Doc (``models/concat.py``): the sentence Transformer on ``B`` rows of
 ``S·Ts`` source and ``S·Tt`` target tokens (each chunk packed into one sequence), so its
 attention terms grow with ``(S·T)²``.
@@ -207,6 +215,34 @@ def doct_terms(config: Any, shape: BatchShape) -> Terms:
     return total
 
 
+def document_attention(documents: int, rows: int, Tq: int, S: int, D: int) -> Terms:
+    """HM-GDC's attention of ``rows`` sentence rows (``Tq`` queries each) over their
+    document's ``S`` sentence states, keys and values projected once per document."""
+    return {
+        "document_projections": rows * 2 * 2 * Tq * D * D + documents * 2 * 2 * S * D * D,
+        "document_attention": rows * 2 * 2 * Tq * S * D,
+    }
+
+
+def hmgdc_terms(config: Any, shape: BatchShape) -> Terms:
+    """HM-GDC: the sentence Transformer plus the summary self-attention over every sentence,
+    ``N_d`` document-encoder layers over ``B`` rows of ``S`` sentence vectors, the context
+    attention of the source words and the DocEnc-Decoder attention of every decoder layer
+    over the document states (module docstring)."""
+    D, F, N = config.d_model, config.ffn_dim, shape.rows
+    B, S, Ts, Tt = shape.chunks, shape.sentences, shape.src_len, shape.tgt_len
+    total = transformer_terms(config, shape)
+    summary = encoder_layer(N, Ts, D, F)
+    del summary["ffn"]
+    _add(total, "summary", summary)
+    _add(total, "document", encoder_layer(B, S, D, F), config.num_document_layers)
+    if config.context_in_encoder:
+        _add(total, "context", document_attention(B, N, Ts, S, D))
+    if config.context_in_decoder:
+        _add(total, "decoder", document_attention(B, N, Tt, S, D), config.num_decoder_layers)
+    return total
+
+
 def doc2doc_terms(config: Any, shape: BatchShape) -> Terms:
     """Doc2Doc: the sentence Transformer over each chunk packed into one row of ``S·T``."""
     B, S = shape.chunks, shape.sentences
@@ -257,4 +293,80 @@ def jaxpr_dot_flops(jaxpr: Jaxpr | ClosedJaxpr) -> int:
             total += 2 * math.prod(lhs) * math.prod(free)
         times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
         total += sum(times * jaxpr_dot_flops(sub) for sub in jaxprs_in_params(eqn.params))
+    return total
+
+
+def bi_gru(rows: int, T: int, inputs: int, D: int) -> Terms:
+    """One bidirectional GRU layer (two directions of ``h = D/2`` units, gates ``3h``) over
+    ``rows`` sequences of ``T`` steps of ``inputs``-wide vectors."""
+    h = D // 2
+    return {
+        "input": rows * 2 * (2 * T * inputs * 3 * h),
+        "recurrent": rows * 2 * (2 * T * h * 3 * h),
+    }
+
+
+def rnnsearch_terms(config: Any, shape: BatchShape) -> Terms:
+    """RNNSearch (``models/rnnsearch.py``), per sentence row (``N`` rows), ``E`` embedding,
+    ``D`` hidden, ``L`` layers::
+
+      encoder layer l  input        2 · 2·Ts·in_l·3(D/2)    in_0 = E, else D; 2 directions
+                       recurrent    2 · 2·Ts·(D/2)·3(D/2)
+      decoder layer l  input        2·Tt·in_l·3D            in_0 = E + D (input feeding)
+                       recurrent    2·Tt·D·3D
+      attention        memory       2·Ts·D²                 W_m h, once per source
+                       query        2·Tt·D²                 W_q s_t
+                       scores       2·Tt·Ts·D               v · tanh(...)
+                       context      2·Tt·Ts·D               weights · h
+                       output       2·Tt·2D·D               W_c [c_t; s_t]
+      output softmax   2·Tt·D·V                             (untied)
+    """
+    E, D, N, V = config.embed_dim, config.d_model, shape.rows, config.vocab_size
+    Ts, Tt = shape.src_len, shape.tgt_len
+    total: Terms = {}
+    for layer in range(config.num_layers):
+        _add(total, "encoder", bi_gru(N, Ts, E if layer == 0 else D, D))
+        decoder = {
+            "input": N * 2 * Tt * (E + D if layer == 0 else D) * 3 * D,
+            "recurrent": N * 2 * Tt * D * 3 * D,
+        }
+        _add(total, "decoder", decoder)
+    attention = {
+        "memory": N * 2 * Ts * D * D,
+        "query": N * 2 * Tt * D * D,
+        "scores": N * 2 * Tt * Ts * D,
+        "context": N * 2 * Tt * Ts * D,
+        "output": N * 2 * Tt * 2 * D * D,
+    }
+    _add(total, "attention", attention)
+    total["output"] = N * 2 * Tt * D * V
+    return total
+
+
+def rnnsearch_hmgdc_terms(config: Any, shape: BatchShape) -> Terms:
+    """RNNSearch with HM-GDC in the encoder (Tan et al. 2019): RNNSearch plus, per chunk
+    (``B`` chunks of ``S`` sentences, ``L = S·Ts`` words)::
+
+      sentence attn    projections  N · 4 · 2·Ts·D²          Eq. 2: Q, K, V, output
+                       attention    N · 2 · 2·Ts²·D
+      document layer   as an encoder layer on B rows of S summaries (inputs D), Eq. 4
+      context attn     projections  B · (2 · 2·L·D² + 2 · 2·S·D²)  Q, out on words; K, V on H_S
+                       attention    B · 2 · 2·L·S·D          Eq. 5-6
+
+    Shared SentEnc/DocEnc cells cost their FLOPs in both uses.
+    """
+    D, B, S, Ts = config.d_model, shape.chunks, shape.sentences, shape.src_len
+    N, L = shape.rows, shape.sentences * shape.src_len
+    total = rnnsearch_terms(config, shape)
+    sentence = {
+        "projections": N * 4 * 2 * Ts * D * D,
+        "attention": N * 2 * 2 * Ts * Ts * D,
+    }
+    _add(total, "sentence", sentence)
+    _add(total, "document", bi_gru(B, S, D, D), config.num_document_layers)
+    context = {
+        "projections": B * (2 * 2 * L * D * D + 2 * 2 * S * D * D),
+        "attention": B * 2 * 2 * L * S * D,
+    }
+    _add(total, "context", context)
     return total

@@ -13,6 +13,8 @@ from docnmt_jax.models import BatchLayout, build_model
 from docnmt_jax.models.concat import Doc2DocModel
 from docnmt_jax.models.doct import SENTENCE_PARAMETERS, DocTModel
 from docnmt_jax.models.final import FinalModel
+from docnmt_jax.models.hmgdc import HMGDCModel
+from docnmt_jax.models.rnnsearch import RNNSearchHMGDCModel, RNNSearchModel
 from docnmt_jax.models.transformer import TransformerModel
 
 CONFIG_FILES = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
@@ -26,6 +28,11 @@ EXPECTED = {
     "doct.py": (DocTModel, BatchLayout.CHUNKS),
     "doct_base.py": (DocTModel, BatchLayout.CHUNKS),
     "doct_ablations.py": (DocTModel, BatchLayout.CHUNKS),
+    "hmgdc.py": (HMGDCModel, BatchLayout.CHUNKS),
+    "hmgdc_base.py": (HMGDCModel, BatchLayout.CHUNKS),
+    "hmgdc_ablations.py": (HMGDCModel, BatchLayout.CHUNKS),
+    "rnnsearch.py": (RNNSearchModel, BatchLayout.SENTENCES),
+    "rnnsearch_hmgdc.py": (RNNSearchHMGDCModel, BatchLayout.CHUNKS),
 }
 # Paper's table: which rows decode with the XL memory (slot by slot).
 XL_ROWS = {"sent2doc_xl", "final"}
@@ -40,7 +47,7 @@ def test_config_loads_and_builds_its_model(path):
     model_class, layout = EXPECTED[name]
     assert isinstance(model, model_class) and model.layout is layout
     assert "sentence_level" not in config.data  # derived from the model's layout
-    if name in ("final_base.py", "doct_base.py"):
+    if name in ("final_base.py", "doct_base.py", "hmgdc_base.py"):
         m = config.model
         assert (m.d_model, m.ffn_dim, m.num_heads) == (512, 2048, 8)
         assert (m.num_encoder_layers, m.num_decoder_layers) == (6, 6)
@@ -107,3 +114,47 @@ def test_doct_ablation_rows_carry_their_switches(row, size):
 def test_doct_unknown_rows_are_named():
     with pytest.raises(ValueError, match="unknown row 'k9'"):
         load_config(f"{DOCT_ABLATIONS}:k9")
+
+
+HMGDC_ABLATIONS = os.path.join(ROOT, "configs", "hmgdc_ablations.py")
+# Tan et al. (2019): the row -> the HM-GDC switches it sets (everything else configs/hmgdc.py's:
+# N_d = 1, context in encoder and decoder, shared self-attention, whole-document scope).
+HMGDC_PLACES = {"encoder": (True, False), "decoder": (False, True), "both": (True, True)}
+HMGDC_ROWS = {
+    **{
+        f"{place}_n{n}": {
+            "context_in_encoder": e,
+            "context_in_decoder": d,
+            "num_document_layers": n,
+        }
+        for place, (e, d) in HMGDC_PLACES.items()
+        for n in range(1, 7)
+    },
+    "separate": {"share_self_attention": False},
+    "chunk_scope": {"document_scope": False},
+}
+HMGDC_DEFAULT = dict(
+    num_document_layers=1,
+    context_in_encoder=True,
+    context_in_decoder=True,
+    share_self_attention=True,
+    document_scope=True,
+)
+
+
+@pytest.mark.parametrize("row", sorted(HMGDC_ROWS))
+@pytest.mark.parametrize("size", ["", "@base"])
+def test_hmgdc_ablation_rows_carry_their_switches(row, size):
+    config = load_config(f"{HMGDC_ABLATIONS}:{row}{size}")
+    model = build_model(config.model, vocab_size=100)
+    default = dict(HMGDC_DEFAULT, num_document_layers=5 if size else 1)
+    assert {key: getattr(model.config, key) for key in default} == dict(default, **HMGDC_ROWS[row])
+    assert model.config.d_model == (512 if size else 256)
+    assert model.whole_documents == model.config.document_scope
+
+
+def test_hmgdc_finetune_restores_theta_s_and_trains_everything():
+    config = load_config(os.path.join(ROOT, "configs", "hmgdc.py:finetune"))
+    assert config.init_from_rules == "all" and tuple(config.train.freeze) == ()
+    with pytest.raises(ValueError, match="unknown row 'both_n9'"):
+        load_config(f"{HMGDC_ABLATIONS}:both_n9")

@@ -3,12 +3,14 @@
 Importing this package registers the models it ships: ``transformer`` (sentence Transformer,
 ``transformer.py``), ``final`` (FINAL and the Table 3 rows, ``final.py`` with the
 Transformer-XL pieces in ``xl.py``), ``doc2doc`` (concatenation baseline, ``concat.py``),
-``doct`` (DocT of Zhang et al. 2018, ``doct.py``).
+``doct`` (DocT of Zhang et al. 2018, ``doct.py``), ``hmgdc`` (HM-GDC of Tan et al. 2019,
+``hmgdc.py``), ``rnnsearch`` and ``rnnsearch_hmgdc`` (RNNSearch and HM-GDC in its encoder,
+Tan et al. 2019 Table 1, ``rnnsearch.py``).
 A new model is one module with a ``@register("name", config=..., flops=...)`` class; nothing
 else in the package changes (README, "Adding a model").
 """
 
-from docnmt_jax.models import concat, doct, final, transformer  # noqa: F401  (registration)
+from docnmt_jax.models import concat, doct, final, hmgdc, rnnsearch, transformer  # noqa: F401
 from docnmt_jax.models.base import (
     BaseModel,
     BatchLayout,

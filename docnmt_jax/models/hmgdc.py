@@ -1,0 +1,333 @@
+"""HM-GDC: hierarchical modeling of global document context, Tan et al. (2019), Sec. 2.
+
+No public implementation exists; every reading below follows the equations and is tested in
+``tests/test_hmgdc.py`` (naive per-document reference, sharing, scope, search).
+
+* Sentence encoder (Eq. 1): the Transformer encoder over every sentence alone, ``H_i``
+  (parameter names of the sentence Transformer, so pretraining fills them).
+* Sentence summary (Eq. 2-3): one multi-head self-attention over ``H_i`` as printed --
+  ``MultiHead-Self(H_i, H_i, H_i)``, attention only (own projections, no residual,
+  LayerNorm or FFN) -- then ``h~_{S_i}`` = the SUM of its outputs over the sentence's real
+  words (padding excluded).
+* Document encoder (Eq. 4): ``N_d`` (``num_document_layers``) Transformer encoder layers
+  ("the same as the sentence-level encoding": self-attention and FFN, residual and
+  LayerNorm) over the summaries of the document's sentences, padding sentences masked. No
+  sentence-order positions (the paper adds none; Eq. 5's queries carry no sentence index
+  either, so the global context is a set of sentences). Sharing (Sec. 2.3, after Voita et
+  al.): document layer ``l`` uses the self-attention module of sentence-encoder layer ``l``
+  (one set of arrays, gradients of both uses summed); document layers beyond the sentence
+  encoder's depth have their own; FFN and LayerNorms are always the document layer's own.
+  ``share_self_attention = False`` gives every document layer its own self-attention.
+* Back-propagation of global context (Eq. 5-6), the workable reading of the printed
+  ``MultiHead-Ctx(h_ij, h_ij, H_{S_i})``: query ``h_{i,j}``, keys and values the document
+  encoder's outputs ``H_S`` of ALL sentences of the document (the sentence itself included,
+  padding sentences masked); Eq. 7: ``h_ctx = h + ResidualDrop(d_ctx, P)``, dropout ``P =
+  context_dropout_rate`` (0.1) on ``d_ctx``, no LayerNorm.
+* Decoder (Eq. 8-10): every decoder layer adds a DocEnc-Decoder attention whose keys and
+  values come from the document encoder's output: ``C = H_S`` (the text: "keys and values ...
+  come from the output of the document encoder"; Eq. 8's ``h_ctx_i``, "the integrated
+  representation of the i-th sentence", read as the sentence vector of the document
+  encoder) and ``C^(n) = C`` in every layer ``n`` (each layer projects it with its own
+  keys/values, as the encoder output of the encoder-decoder attention). Eq. 10 ``H = E + G``
+  sits inside the encoder-decoder attention sublayer: ``LN(T + Dropout(E + G))`` post-LN,
+  ``T + Dropout(E(LN T) + G(LN T))`` pre-LN; the FFN sublayer follows.
+* Integration switches (Table 2): ``context_in_encoder`` (Eq. 7; off: the decoder's
+  encoder-decoder attention reads the plain ``H``) and ``context_in_decoder`` (Eq. 8-10; off:
+  the Transformer decoder). The "decoder only" row thus feeds the decoder ``H`` and ``H_S``.
+* Global scope ("once for all"): with ``document_scope`` the pipeline's chunks are whole
+  documents, however long (:attr:`HMGDCModel.whole_documents`, ``PipelineConfig.
+  whole_documents``): the summaries, the document encoder and every gradient see the whole
+  document. ``document_scope = False`` restricts the context to the pipeline chunk
+  (``data.max_sentences``), the chunk-only scope measured against it in BUILD_NOTES.
+* Decoding: the context is source-only, so all sentences of a document are searched at once;
+  the document states are encoded once and each decoder layer's DocEnc-Decoder keys/values
+  are projected once per document and shared by its sentences and beams.
+* Two-step training (Sec. 2.3, Eq. 11-12; Table 4): ``theta_s`` are the parameters named as
+  in the sentence Transformer (:meth:`HMGDCModel.transformer_rules` restores them from a
+  sentence Transformer trained on sentence pairs; ``theta_d`` = :data:`DOCUMENT_PARAMETERS`
+  start fresh) and every parameter is then finetuned (``configs/hmgdc.py:finetune``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from docnmt_jax import flops
+from docnmt_jax.data.tokenizer import BOS_ID
+from docnmt_jax.decoding.search import (
+    SearchConfig,
+    pad_empty_sentences,
+    search_decoder,
+    sentence_limits,
+)
+from docnmt_jax.models import layers, transformer
+from docnmt_jax.models.base import BaseModel, BatchLayout, Metric, register, require_grid
+from docnmt_jax.models.transformer import Cache, TransformerConfig
+
+Array = jax.Array
+
+#: ``theta_d``: the parameters HM-GDC adds to the sentence Transformer.
+DOCUMENT_PARAMETERS = (
+    r"summary_attention/.*|document_layers_\d+/.*|document_norm/.*|context_attention/.*"
+    r"|decoder_layers_\d+/document_attention/.*"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class HMGDCConfig(TransformerConfig):
+    """Transformer hyper-parameters plus HM-GDC's: ``N_d`` (Table 2), where the global context
+    is integrated (Table 2), shared or separate self-attention (Sec. 2.3), Eq. 7's residual
+    dropout ``P`` and the scope of the context (the whole document, or the pipeline chunk)."""
+
+    num_document_layers: int = 1
+    context_in_encoder: bool = True
+    context_in_decoder: bool = True
+    share_self_attention: bool = True
+    context_dropout_rate: float = 0.1
+    document_scope: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_document_layers < 1:
+            raise ValueError(f"num_document_layers must be >= 1: {self.num_document_layers}")
+        if not (self.context_in_encoder or self.context_in_decoder):
+            raise ValueError(
+                "context_in_encoder and context_in_decoder are both False: that is the "
+                "sentence Transformer (model.name = 'transformer')"
+            )
+
+
+class GlobalContextDecoderLayer(transformer.DecoderLayer):
+    """Decoder layer of Fig. 3: self-attention (``T``), then ``E + G`` (Eq. 10) of the
+    encoder-decoder attention ``E`` and the DocEnc-Decoder attention ``G`` over the document
+    states (Eq. 9) in one residual sublayer, then the FFN."""
+
+    config: HMGDCConfig
+
+    def setup(self) -> None:
+        super().setup()
+        if self.config.context_in_decoder:
+            self.document_attention = self.config.attention("document_attention")
+
+    def __call__(  # type: ignore[override]
+        self,
+        y: Array,
+        self_mask: Array,
+        encoded: Array | None,
+        cross_mask: Array,
+        document: Array | None,
+        document_mask: Array,
+        cache: Cache | None = None,
+        index: Array | None = None,
+        cross_kv: tuple[Array, Array] | None = None,
+        document_kv: tuple[Array, Array] | None = None,
+    ) -> tuple[Array, Cache | None]:
+        y, new_cache = self.self_attention_sublayer(y, self_mask, cache, index)
+
+        def encoder_and_document(h: Array) -> Array:
+            e = transformer.memory_attention(self.cross_attention, h, encoded, cross_mask, cross_kv)
+            if not self.config.context_in_decoder:
+                return e
+            g = transformer.memory_attention(
+                self.document_attention, h, document, document_mask, document_kv
+            )
+            return e + g
+
+        y = self.cross_attention_block(y, encoder_and_document)
+        y = self.ffn_block(y, self.ffn)
+        return layers.constrain(y, ("batch", "length", "embed")), new_cache
+
+    def document_kv(self, document: Array) -> tuple[Array, Array]:
+        """DocEnc-Decoder keys/values ``[B, H, S, d]`` (heads-major) of the document states."""
+        return tuple(layers.heads_major(x) for x in self.document_attention.project_kv(document))
+
+
+class HMGDC(transformer.Transformer):
+    """HM-GDC over document grids: ``src [B, S, T]`` (one document, or one chunk with the
+    chunk scope, per row) -> logits ``[B*S, Tt, V]`` (one row per sentence)."""
+
+    config: HMGDCConfig
+    decoder_layer_class: ClassVar[type[nn.Module]] = GlobalContextDecoderLayer
+
+    def setup(self) -> None:
+        super().setup()
+        cfg = self.config
+        self.summary_attention = cfg.attention("summary_attention")
+        shared = cfg.num_encoder_layers if cfg.share_self_attention else 0
+        self.document_layers = [
+            transformer.EncoderLayer(cfg, own_attention=layer >= shared)
+            for layer in range(cfg.num_document_layers)
+        ]
+        if cfg.pre_ln:
+            self.document_norm = layers.layer_norm(cfg.dtype)
+        self.context_attention = cfg.attention("context_attention")
+        self.context_dropout = nn.Dropout(cfg.context_dropout_rate)
+
+    def summarize(self, words: Array, word_mask: Array) -> Array:
+        """``h~_{S_i}`` (Eq. 2-3) of sentence rows ``words [N, T, D]``: self-attention over
+        the sentence, summed over its real words -> ``[N, D]``."""
+        attended = self.summary_attention(words, words, layers.padding_mask(word_mask, word_mask))
+        return jnp.sum(attended * (word_mask > 0)[..., None].astype(attended.dtype), axis=1)
+
+    def encode_document(self, summaries: Array, present: Array) -> Array:
+        """``H_S = DocEnc(h~_S)`` (Eq. 4) of ``summaries [B, S, D]``; ``present [B, S]`` masks
+        padding sentences. Document layer ``l`` shares sentence layer ``l``'s self-attention
+        while both exist (:class:`~.transformer.EncoderLayer` ``attention``)."""
+        mask = layers.padding_mask(present, present)
+        x = summaries
+        for depth, layer in enumerate(self.document_layers):
+            shared = layer.own_attention is False
+            x = layer(x, mask, self.encoder_layers[depth].self_attention if shared else None)
+        return self.document_norm(x) if self.config.pre_ln else x
+
+    def encode(  # type: ignore[override]
+        self, src: Array, src_mask: Array
+    ) -> tuple[Array, Array, Array]:
+        """(word states ``[B*S, T, D]``: ``h_ctx`` of Eq. 7, or ``H`` without encoder
+        integration; document states ``H_S [B, S, D]``; sentence presence ``[B, S]``)."""
+        B, S, T = src.shape
+        mask = src_mask.reshape(B * S, T)
+        words = super().encode(src.reshape(B * S, T), mask)  # H_i, Eq. 1
+        present = jnp.any(src_mask > 0, axis=-1)
+        states = self.encode_document(self.summarize(words, mask).reshape(B, S, -1), present)
+        if self.config.context_in_encoder:  # Eq. 5-7; S word rows per document row
+            d_ctx = self.context_attention(words, states, present[:, None, None, :])
+            words = words + self.context_dropout(d_ctx, deterministic=self.config.deterministic)
+        return words, states, present
+
+    def decode(  # type: ignore[override]
+        self,
+        encoded: Array,
+        src_mask: Array,
+        tgt_in: Array,
+        tgt_mask: Array,
+        states: Array,
+        present: Array,
+    ) -> Array:
+        """Teacher-forced decoder over sentence rows ``tgt_in [B*S, Tt]`` (shifted right),
+        each reading its document's states ``[B, S, D]`` -> logits."""
+        positions = jnp.broadcast_to(jnp.arange(tgt_in.shape[-1]), tgt_in.shape)
+        self_mask = layers.causal_mask(tgt_in.shape[-1]) & layers.padding_mask(tgt_mask, tgt_mask)
+        cross_mask = layers.padding_mask(tgt_mask, src_mask)
+        y = self._embed(tgt_in, positions)
+        for layer in self.decoder_layers:
+            y, _ = layer(y, self_mask, encoded, cross_mask, states, present[:, None, None, :])
+        return self._output(y)
+
+    def __call__(  # type: ignore[override]
+        self, src: Array, src_mask: Array, tgt: Array, tgt_mask: Array
+    ) -> Array:
+        """Logits ``[B*S, Tt, V]`` for the targets ``tgt [B, S, Tt]`` (EOS-terminated)."""
+        encoded, states, present = self.encode(src, src_mask)
+        rows = tgt.reshape(-1, tgt.shape[-1])
+        tgt_in = layers.shift_right(rows, BOS_ID)
+        row_mask = tgt_mask.reshape(rows.shape)
+        return self.decode(
+            encoded, src_mask.reshape(-1, src.shape[-1]), tgt_in, row_mask, states, present
+        )
+
+    def decode_inputs(  # type: ignore[override]
+        self, encoded: Array, src_mask: Array, states: Array, present: Array
+    ) -> dict[str, Any]:
+        """Per-sentence-row inputs of :meth:`decode_step`: the Transformer's plus the document
+        mask (each row holds its document's ``[S]``) and every layer's DocEnc-Decoder keys and
+        values, projected once per document and stored ``[B*S, H, d]`` (row ``b*S + s`` holds
+        key ``s`` of document ``b``, so that every leaf has one row per sentence)."""
+        extra = super().decode_inputs(encoded, src_mask)
+        S = present.shape[1]
+        extra["document_mask"] = jnp.repeat(present, S, axis=0).astype(jnp.int32)
+        for i, layer in enumerate(self.decoder_layers):
+            if self.config.context_in_decoder:
+                k, v = layer.document_kv(states)  # [B, H, S, d]
+                rows = [
+                    jnp.swapaxes(x, 1, 2).reshape((-1,) + x.shape[1:2] + x.shape[3:])
+                    for x in (k, v)
+                ]
+                extra[f"layer_{i}"].update(document_key=rows[0], document_value=rows[1])
+        return extra
+
+    def decode_step(self, cache: Cache, token: Array, extra: dict[str, Any]) -> tuple[Array, Cache]:
+        """One step: ``token [N]`` at ``cache['index']`` -> logits ``[N, V]``; the rows of a
+        document (its sentences, each with its beams) are contiguous."""
+        index = cache["index"]
+        max_len = cache["layer_0"]["key"].shape[2]
+        y = self._embed(token[:, None], jnp.full(token.shape + (1,), index))
+        self_mask = (jnp.arange(max_len) <= index)[None, None, None, :]
+        cross_mask = (extra["src_mask"] > 0)[:, None, None, :]
+        S = extra["document_mask"].shape[1]
+        document_mask = (extra["document_mask"][::S] > 0)[:, None, None, :]  # [B, 1, 1, S]
+        new_cache: Cache = {"index": index + 1}
+        for i, layer in enumerate(self.decoder_layers):
+            inputs = extra[f"layer_{i}"]
+            document_kv = None
+            if self.config.context_in_decoder:
+                document_kv = tuple(
+                    jnp.swapaxes(x.reshape((-1, S) + x.shape[1:]), 1, 2)
+                    for x in (inputs["document_key"], inputs["document_value"])
+                )
+            y, new_cache[f"layer_{i}"] = layer(
+                y,
+                self_mask,
+                None,
+                cross_mask,
+                None,
+                document_mask,
+                cache=cache[f"layer_{i}"],
+                index=index,
+                cross_kv=(inputs["cross_key"], inputs["cross_value"]),
+                document_kv=document_kv,
+            )
+        return self._output(y)[:, 0], new_cache
+
+
+@register("hmgdc", config=HMGDCConfig, flops=flops.hmgdc_terms)
+class HMGDCModel(BaseModel):
+    """HM-GDC behind the model interface: whole documents in (or chunks, with the chunk
+    scope), every sentence translated with the global context of its document, all
+    sentences at once."""
+
+    module_class = HMGDC
+    layout = BatchLayout.CHUNKS
+
+    @property
+    def whole_documents(self) -> bool:
+        """With ``document_scope`` every pipeline chunk is a whole document."""
+        return self.config.document_scope
+
+    def loss(
+        self, params: Any, batch: dict[str, Array], rng: Array | None, train: bool
+    ) -> tuple[Array, dict[str, Metric]]:
+        """The token loss; ``split_documents`` counts rows that are not a whole document
+        (``chunk_index > 0``: the pipeline cut their document, so their context is a chunk)."""
+        loss, metrics = super().loss(params, batch, rng, train)
+        if "chunk_index" in batch:
+            split = jnp.sum(batch["chunk_index"] > 0).astype(jnp.float32)
+            metrics["split_documents"] = Metric(split, jnp.ones(()), "sum")
+        return loss, metrics
+
+    def transformer_rules(self) -> list[tuple[str, str]]:
+        """``theta_s`` from the sentence Transformer's identical paths; ``theta_d`` fresh."""
+        return [(DOCUMENT_PARAMETERS, "skip"), (r"(.*)", r"\1")]
+
+    def translate(
+        self, params: Any, batch: dict[str, Array], search: SearchConfig
+    ) -> tuple[Array, dict[str, Array]]:
+        """Beam search of every sentence of the documents at once, each with its document's
+        global context (encoded once): ids ``[B, S, L]``, padding sentences PAD."""
+        require_grid(batch, "HM-GDC")
+        module, variables = self.eval_module, {"params": params}
+        encoded, states, present = module.apply(
+            variables, batch["src"], batch["src_mask"], method=module.encode
+        )
+        src_mask = batch["src_mask"].reshape(-1, batch["src"].shape[-1])
+        extra = module.apply(
+            variables, encoded, src_mask, states, present, method=module.decode_inputs
+        )
+        max_len, limits = sentence_limits(src_mask, search)
+        result = search_decoder(module, variables, extra, search, max_len, limits)
+        ids = result.sequences[:, 0].reshape(batch["src"].shape[:2] + (max_len,))
+        return pad_empty_sentences(ids, batch["src_mask"]), {}
