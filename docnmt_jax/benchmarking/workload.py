@@ -40,17 +40,21 @@ def build(name: str, args: argparse.Namespace, sentences: int) -> Any:
     """Model ``name`` at ``--size``/``--dtype`` (label smoothing 0.1), fit for chunks of
     ``sentences`` (a segment table of at least that many rows, where the model has one)."""
     from docnmt_jax.models import build_model
+    from docnmt_jax.models.base import registration
 
     size = SIZES[args.size]
-    config = {
-        "name": name,
+    sizes = {
         "d_model": size["d_model"],
+        "embed_dim": size["d_model"],
         "num_heads": size["num_heads"],
         "ffn_dim": size["ffn_dim"],
         "num_encoder_layers": size["layers"],
         "num_decoder_layers": size["layers"],
+        "num_layers": size["layers"],
         "dtype": args.dtype,
     }
+    known = {f.name for f in dataclasses.fields(registration(name).config_class)}
+    config = {"name": name, **{key: value for key, value in sizes.items() if key in known}}
     model = build_model(config, args.vocab, label_smoothing=0.1)
     fields = {f.name for f in dataclasses.fields(model.config)}
     if "max_segments" in fields and model.config.max_segments < sentences:
