@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import traverse_util
-from test_doct import DOCS, V, WordTokenizer, _documents, encode
+from test_doct import DOCS, TINY, V, WordTokenizer, _documents, encode
 from test_final import _encoder_layer, _fast, _ffn, _ln, _mha, _sinus
 
 from docnmt_jax.data import pipeline as P
@@ -22,16 +22,7 @@ from docnmt_jax.decoding.translator import Translator
 from docnmt_jax.models import build_model
 from docnmt_jax.models.transformer import TransformerConfig, TransformerModel
 
-TINY = dict(
-    vocab_size=V,
-    d_model=16,
-    num_heads=2,
-    ffn_dim=32,
-    num_encoder_layers=2,
-    num_decoder_layers=2,
-    dropout_rate=0.0,
-    context_dropout_rate=0.0,
-)
+TINY = dict(TINY, context_dropout_rate=0.0)  # test_doct's tiny sizes, no dropout
 # Documents of 3, 1 and 2 sentences (test_doct) and one of 5 (longer than chunks of 2).
 RNG = np.random.default_rng(1)
 LONG = [

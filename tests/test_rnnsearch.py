@@ -14,6 +14,7 @@ import numpy as np
 import optax
 import pytest
 from flax import traverse_util
+from test_final import _fast, _fast_jit
 
 from docnmt_jax import flops
 from docnmt_jax.data.schema import dummy_batch
@@ -48,26 +49,6 @@ SEARCH = SearchConfig(beam_size=1, alpha=0.0, len_a=1.0, len_b=2, max_len=8)
 SCALE = 5.0
 
 # The machine running the tests may be loaded: compile without XLA's expensive CPU passes.
-FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-
-
-def _fast(fn, *args):
-    """``jax.jit(fn)(*args)`` compiled quickly."""
-    return jax.jit(fn).lower(*args).compile(compiler_options=FAST)(*args)
-
-
-def _fast_jit(fn):
-    """A jitted ``fn`` compiled quickly on first call (one compilation per signature)."""
-    compiled = {}
-
-    def call(*args):
-        leaves, treedef = jax.tree.flatten(args)
-        key = (treedef, tuple((np.shape(a), np.result_type(a)) for a in leaves))
-        if key not in compiled:
-            compiled[key] = jax.jit(fn).lower(*args).compile(compiler_options=FAST)
-        return compiled[key](*args)
-
-    return call
 
 
 def _batch(seed=0, T=5):

@@ -287,6 +287,16 @@ def module_options(rows: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in rows.items() if key not in MODULE_INPUTS}
 
 
+def require_context_somewhere(in_encoder: bool, in_decoder: bool) -> None:
+    """Raises ValueError when a document model's context reaches neither the encoder nor the
+    decoder (its ``context_in_encoder`` / ``context_in_decoder`` switches)."""
+    if not (in_encoder or in_decoder):
+        raise ValueError(
+            "context_in_encoder and context_in_decoder are both False: that is the "
+            "sentence Transformer (model.name = 'transformer')"
+        )
+
+
 def require_grid(batch: Mapping[str, Any], what: str) -> None:
     """Raises :class:`ModelError` when ``batch`` is packed: ``what`` works on the grid."""
     if "src_chunk_ids" in batch:

@@ -70,6 +70,7 @@ from docnmt_jax.models.base import (
     ModelError,
     random_context_batch,
     register,
+    require_context_somewhere,
     require_grid,
 )
 from docnmt_jax.models.transformer import Cache, TransformerConfig
@@ -103,11 +104,7 @@ class DocTConfig(TransformerConfig):
             raise ValueError(f"context_sentences must be >= 1: {self.context_sentences}")
         if self.num_context_layers < 0:
             raise ValueError(f"num_context_layers must be >= 0: {self.num_context_layers}")
-        if not (self.context_in_encoder or self.context_in_decoder):
-            raise ValueError(
-                "context_in_encoder and context_in_decoder are both False: that is the "
-                "sentence Transformer (model.name = 'transformer')"
-            )
+        require_context_somewhere(self.context_in_encoder, self.context_in_decoder)
 
 
 class ContextSublayer(nn.Module):

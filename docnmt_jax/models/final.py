@@ -271,10 +271,10 @@ class LocalEncoderLayer(transformer.EncoderLayer):
     rows of packed rows: with a ``band`` its queries ``x [B * blocks, W, D]`` attend to the
     keys and values of their windows (:meth:`~.layers.Band.windows`)."""
 
-    @nn.compact
-    def __call__(self, x: Array, mask: Array, band: layers.Band | None = None) -> Array:
-        cfg = self.config
-        attn = cfg.attention("self_attention")
+    def __call__(  # type: ignore[override]
+        self, x: Array, mask: Array, band: layers.Band | None = None
+    ) -> Array:
+        attn = self.self_attention
 
         def self_attention(h: Array) -> Array:
             k, v = attn.project_kv(h)
@@ -282,8 +282,8 @@ class LocalEncoderLayer(transformer.EncoderLayer):
                 k, v = band.windows(k), band.windows(v)
             return attn.attend(attn.project_q(h), k, v, mask)
 
-        x = cfg.sublayer("attention_block")(x, self_attention)
-        x = cfg.sublayer("ffn_block")(x, cfg.feed_forward("ffn"))
+        x = self.attention_block(x, self_attention)
+        x = self.ffn_block(x, self.ffn)
         return layers.constrain(x, ("batch", "length", "embed"))
 
 

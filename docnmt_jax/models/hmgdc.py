@@ -66,7 +66,14 @@ from docnmt_jax.decoding.search import (
     sentence_limits,
 )
 from docnmt_jax.models import layers, transformer
-from docnmt_jax.models.base import BaseModel, BatchLayout, Metric, register, require_grid
+from docnmt_jax.models.base import (
+    BaseModel,
+    BatchLayout,
+    Metric,
+    register,
+    require_context_somewhere,
+    require_grid,
+)
 from docnmt_jax.models.transformer import Cache, TransformerConfig
 
 Array = jax.Array
@@ -94,11 +101,7 @@ class HMGDCConfig(TransformerConfig):
     def __post_init__(self) -> None:
         if self.num_document_layers < 1:
             raise ValueError(f"num_document_layers must be >= 1: {self.num_document_layers}")
-        if not (self.context_in_encoder or self.context_in_decoder):
-            raise ValueError(
-                "context_in_encoder and context_in_decoder are both False: that is the "
-                "sentence Transformer (model.name = 'transformer')"
-            )
+        require_context_somewhere(self.context_in_encoder, self.context_in_decoder)
 
 
 class GlobalContextDecoderLayer(transformer.DecoderLayer):
