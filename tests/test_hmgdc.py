@@ -5,22 +5,27 @@ document edited elsewhere in the batch, whole documents against chunks, sharing 
 parameter tree and its gradients, and cached search against the teacher-forced pass."""
 
 import dataclasses
+import re
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_doct
 from flax import traverse_util
 from test_doct import DOCS, TINY, V, WordTokenizer, _documents, encode
 from test_final import _encoder_layer, _fast, _ffn, _ln, _mha, _sinus
 
 from docnmt_jax.data import pipeline as P
+from docnmt_jax.data.schema import dummy_batch
 from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.decoding.translator import Translator
 from docnmt_jax.models import build_model
+from docnmt_jax.models.hmgdc import DOCUMENT_PARAMETERS
 from docnmt_jax.models.transformer import TransformerConfig, TransformerModel
+from docnmt_jax.training import param_mapping
 
 TINY = dict(TINY, context_dropout_rate=0.0)  # test_doct's tiny sizes, no dropout
 # Documents of 3, 1 and 2 sentences (test_doct) and one of 5 (longer than chunks of 2).
@@ -344,3 +349,27 @@ def test_pipeline_whole_documents_buckets_and_errors():
         P.PipelineConfig(whole_documents=True, sentence_level=True)
     with pytest.raises(ValueError, match="whole_documents"):
         P.PipelineConfig(whole_documents=True, packing=P.PackingConfig())
+
+
+def test_transformer_checkpoint_fills_theta_s_for_every_switch():
+    """``init_from_rules = "all"`` (``configs/hmgdc.py:finetune``) from a sentence Transformer
+    of the same sizes: every Transformer path loads as it is, exactly the document parameters
+    (:data:`DOCUMENT_PARAMETERS`) stay fresh, for every switch set."""
+    batch = dummy_batch(2, 4, rows=1, vocab_size=V)
+
+    def shapes(model):
+        boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), batch)["params"]
+        return {k: v.shape for k, v in _flat(nn.meta.unbox(boxed)).items()}
+
+    for switches in [{}, *SWITCHES.values(), {"pre_ln": True}]:
+        pre_ln = switches.get("pre_ln", False)
+        sentence = shapes(build_model(dict(test_doct.TINY, name="transformer", pre_ln=pre_ln), V))
+        model = _model(**switches)
+        document = shapes(model)
+        entries = param_mapping.parse_rules("all")
+        rules = param_mapping.resolve_rules(entries, model, list(document), list(sentence))
+        rows = param_mapping.plan(document, sentence, rules)
+        fresh = {r.parameter for r in rows if r.status == param_mapping.FRESH}
+        loaded = {r.parameter for r in rows if r.status == param_mapping.LOADED}
+        assert loaded == set(sentence) and fresh == set(document) - set(sentence), switches
+        assert all(re.fullmatch(DOCUMENT_PARAMETERS, p) for p in fresh)

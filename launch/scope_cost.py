@@ -1,0 +1,109 @@
+"""What a chunk-only scope costs a whole-document model (HM-GDC): one run's parameters scored
+on a corpus with the context of whole documents and with the context cut to chunks of
+``--max_sentences`` (``model.document_scope`` False), both at once.
+
+  python launch/scope_cost.py --workdir runs/hmgdc_bible/hmgdc_document \
+      --tsv data/bible/test.tsv [--max_sentences 20] [--translate OUT_PREFIX] [--json]
+
+Prints per-token NLL and perplexity of the references for each scope; with ``--translate``
+also translates with each scope (beam 5, alpha 0.6) into ``OUT_PREFIX.{document,chunk}.tsv``
+and scores them with sacreBLEU (s-BLEU, d-BLEU, chrF) and the pronoun overlap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from typing import Any
+
+import jax
+
+from docnmt_jax.data import pipeline as pipeline_lib
+from docnmt_jax.data import readers
+from docnmt_jax.data.documents import CorpusFormatError
+from docnmt_jax.decoding.search import SearchConfig
+from docnmt_jax.decoding.translator import Translator
+from docnmt_jax.evaluation.metrics import evaluate_files
+from docnmt_jax.training import restore
+
+
+def reference_nll(
+    model: Any, params: Any, tokenizer: Any, docs: list, config: Any, max_sentences: int
+) -> dict[str, float]:
+    """Summed NLL and token count of the references of ``docs`` under ``model``'s scope."""
+    pipeline = pipeline_lib.PipelineConfig(
+        max_sentences=max_sentences,
+        max_src_len=config.data.max_src_len,
+        max_tgt_len=config.data.max_tgt_len,
+        batch_src_tokens=config.data.eval_batch_tokens,
+        batch_tgt_tokens=config.data.eval_batch_tokens,
+        shuffle=False,
+        num_epochs=1,
+        pad_batch=True,
+        whole_documents=model.whole_documents,
+    )
+    plan = pipeline_lib.plan_batches(docs, tokenizer.encode_batch, pipeline)
+    loss = jax.jit(lambda p, b: model.loss(p, b, None, False)[1])
+    nll = tokens = 0.0
+    for batch in pipeline_lib.numpy_batches(plan):
+        metrics = loss(params, batch)
+        nll += float(metrics["nll"].total)
+        tokens += float(metrics["tokens"].total)
+    return {"nll": nll / tokens, "ppl": math.exp(nll / tokens), "tokens": tokens}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--tsv", required=True, help="corpus TSV doc_id<TAB>src<TAB>tgt")
+    p.add_argument("--checkpoint", default="latest")
+    p.add_argument("--max_sentences", type=int, default=20)
+    p.add_argument("--translate", default="", help="write OUT_PREFIX.{document,chunk}.tsv")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    try:
+        model, tokenizer, config = restore.load_model(args.workdir)
+        if "document_scope" not in {f.name for f in dataclasses.fields(model.config)}:
+            raise ValueError(f"{args.workdir}: model {model.name!r} has no document_scope switch")
+        params, step = restore.load_params(model, args.workdir, args.checkpoint)
+        docs = readers.read_tsv(args.tsv)
+    except (CorpusFormatError, OSError, ValueError) as e:
+        print(f"scope_cost.py: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    result: dict = {"workdir": args.workdir, "step": step, "max_sentences": args.max_sentences}
+    for scope, document in (("document", True), ("chunk", False)):
+        scoped = type(model)(dataclasses.replace(model.config, document_scope=document))
+        scores = reference_nll(scoped, params, tokenizer, docs, config, args.max_sentences)
+        if args.translate:
+            search = SearchConfig(beam_size=5, alpha=0.6)
+            translator = Translator(
+                scoped, params, tokenizer, search, max_sentences=args.max_sentences
+            )
+            hyps = translator.translate(docs)
+            path = f"{args.translate}.{scope}.tsv"
+            with open(path, "w", encoding="utf-8") as out:  # translate.py's format
+                out.write("doc_id\thyp\n")
+                for doc, sentences in zip(docs, hyps, strict=True):
+                    out.writelines(f"{doc.doc_id}\t{h.replace(chr(9), ' ')}\n" for h in sentences)
+            scores["translation"] = evaluate_files(path, args.tsv, pronouns="en")
+        result[scope] = scores
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    for scope in ("document", "chunk"):
+        s = result[scope]
+        line = f"{scope:>8} scope: NLL {s['nll']:.4f}, ppl {s['ppl']:.2f} over {s['tokens']:.0f}"
+        if "translation" in s:
+            t = s["translation"]
+            line += (
+                f"; s-BLEU {t['s_bleu']['score']:.2f}, d-BLEU {t['d_bleu']['score']:.2f}, "
+                f"chrF {t['chrf']['score']:.2f}, pronoun F1 {t['pronouns']['f1']:.3f}"
+            )
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
