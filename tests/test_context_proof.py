@@ -113,6 +113,8 @@ DOCT_TASK = dict(FAST_TASK, distances=(1, 2))
 DOCT_TRAINING = dict(context_proof.TINY, num_steps=500, lr_scale=0.5)
 
 
+# Slow since issue 17 (the default suite passed 20 minutes): `make test-slow`.
+@pytest.mark.slow
 def test_doct_uses_the_two_sentences_of_its_window(tmp_path):
     data_dir = str(tmp_path / "data")
     synthetic.write_corpus(
@@ -134,7 +136,7 @@ def test_doct_uses_the_two_sentences_of_its_window(tmp_path):
 
 # HM-GDC (Tan et al. 2019): the context is the whole document, so the deciding sentence may be
 # any number of sentences back. Pronouns and topics, distances 1-15 in documents of 2-16
-# sentences (each distance about 100 times in the test split). From scratch the tiny model
+# sentences (each distance about 50 times in the test split). From scratch the tiny model
 # learns the translation but not the context within 800 steps (forced choice at chance), so
 # the two curriculum stages come first (400 and 200 steps), as in the full proof; a quarter of
 # the learning-rate scale keeps each stage's warm-up from undoing the last (BUILD_NOTES.md,
@@ -150,7 +152,7 @@ HMGDC_TRAINING = dict(context_proof.TINY, num_steps=300, lr_scale=0.25, warmup_s
 def test_hmgdc_uses_the_whole_document(tmp_path):
     data_dir = str(tmp_path / "data")
     synthetic.write_corpus(
-        data_dir, synthetic.SyntheticConfig(**HMGDC_TASK), {"train": 2000, "dev": 50, "test": 600}
+        data_dir, synthetic.SyntheticConfig(**HMGDC_TASK), {"train": 2000, "dev": 50, "test": 300}
     )
     config = context_proof.proof_config(
         load_config(os.path.join(ROOT, "configs", "hmgdc.py")), data_dir, **HMGDC_TRAINING
@@ -163,5 +165,5 @@ def test_hmgdc_uses_the_whole_document(tmp_path):
     print(context_proof.markdown(hmgdc, "hmgdc"))
     for distance in range(1, 16):
         forced = hmgdc["contrastive"]["by_distance"][distance]
-        assert forced["total"] >= 50 and forced["accuracy"] >= 0.9, (distance, forced)
+        assert forced["total"] >= 25 and forced["accuracy"] >= 0.9, (distance, forced)
     assert hmgdc["accuracy"] >= 0.9, hmgdc

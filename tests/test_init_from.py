@@ -229,6 +229,8 @@ def _tiny_flags(synthetic_dir, workdir):
     ]
 
 
+# Slow since issue 17 (the default suite passed 20 minutes): `make test-slow`.
+@pytest.mark.slow
 def test_transformer_checkpoint_fills_final_on_eight_devices(synthetic_dir, pretrained, tmp_path):
     """Pretrained on 1 device, finetuned on 8 (data 2 x model 4) through train.py; the learning
     rate is 0, so the finetune's checkpoint holds the restored parameters."""
