@@ -35,13 +35,14 @@ def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
 
 def packed_rows(task: Any, args: argparse.Namespace, sentences: int, length: int) -> Results:
     """Full packed rows of ``task``'s items (``packing.unit``: a sentence, or a chunk of
-    ``sentences``) of ``length`` tokens, as the plan lays equal items: ``row_len // size`` a
-    row of ``row_len = row_tokens * 2**i`` slots (the shortest that holds one), and as many
-    rows as the grid batch's ``--growth-chunks`` chunks need, every row filled."""
+    ``sentences``; ``grouped``: sentences, each chunk of ``sentences`` numbered across the
+    rows) of ``length`` tokens, as the plan lays equal items: ``row_len // size`` a row of
+    ``row_len = row_tokens * 2**i`` slots (the shortest that holds one), and as many rows as
+    the grid batch's ``--growth-chunks`` chunks need, every row filled."""
     from docnmt_jax.data import schema
 
     packing = task.packing()
-    per_item = 1 if packing.unit == "sentence" else sentences
+    per_item = sentences if packing.unit == "chunk" else 1
     size = per_item * length
     row_len = packing.row_tokens * 2 ** max(math.ceil(math.log2(size / packing.row_tokens)), 0)
     per_row = row_len // size
@@ -49,6 +50,13 @@ def packed_rows(task: Any, args: argparse.Namespace, sentences: int, length: int
     items = make_batch(args, rows * per_row, per_item, length)
     rows_of = [list(range(r * per_row, (r + 1) * per_row)) for r in range(rows)]
     packed, _ = schema.pack_grid(items, row_len, rows_of, drift=packing.drift)
+    if packing.unit == "grouped":  # chunk numbers count the chunks of the batch, across rows
+        for side in schema.SIDES:
+            segment = packed[f"{side}_segment_ids"]
+            item = np.arange(rows)[:, None] * per_row + segment - 1
+            packed[f"{side}_chunk_ids"] = np.where(segment > 0, item // sentences + 1, 0).astype(
+                segment.dtype
+            )
     return packed
 
 

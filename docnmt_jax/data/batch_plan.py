@@ -333,7 +333,8 @@ def plan_batches(
     config: PipelineConfig | None = None,
 ) -> BatchPlan | PackedPlan:
     """The deterministic batch plan of documents (tokenised with ``encode``) or a corpus: a
-    :class:`~docnmt_jax.data.packed_plan.PackedPlan` when ``config.packing`` is set, else a
+    :class:`~docnmt_jax.data.packed_plan.PackedPlan` when ``config.packing`` is set
+    (:class:`~docnmt_jax.data.grouped_plan.GroupedPackedPlan` for ``unit="grouped"``), else a
     :class:`BatchPlan`. A plan is returned as is (its config must match ``config`` when one is
     given)."""
     from docnmt_jax.data.packed_plan import PackedPlan
@@ -350,4 +351,10 @@ def plan_batches(
             raise ValueError("encode is required when raw documents are given")
         config = config or PipelineConfig()
         corpus = tokenize_corpus(data, encode, config)
-    return BatchPlan(corpus, config) if config.packing is None else PackedPlan(corpus, config)
+    if config.packing is None:
+        return BatchPlan(corpus, config)
+    if config.packing.unit == "grouped":
+        from docnmt_jax.data.grouped_plan import GroupedPackedPlan
+
+        return GroupedPackedPlan(corpus, config)
+    return PackedPlan(corpus, config)

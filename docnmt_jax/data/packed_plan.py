@@ -67,29 +67,37 @@ def _exclusive_cumsum(x: np.ndarray) -> np.ndarray:
 
 
 def _first_fit_decreasing(
-    need_src: np.ndarray, need_tgt: np.ndarray, items: np.ndarray, row_len: int
+    need_src: np.ndarray,
+    need_tgt: np.ndarray,
+    items: np.ndarray,
+    row_len: int,
+    max_items: int | None = None,
 ) -> list[np.ndarray]:
     """Rows (arrays of item ids, ascending) of first-fit decreasing: ``items`` taken by
     decreasing ``max(need_src, need_tgt)`` (ties by id), each into the first row with room for
-    it on both sides, else into a new row."""
+    it on both sides (and fewer than ``max_items`` items), else into a new row."""
     size = np.maximum(need_src[items], need_tgt[items])
     order = items[np.lexsort((items, -size))]
     room_src = np.full(order.size, row_len, np.int64)
     room_tgt = np.full(order.size, row_len, np.int64)
+    room_items = np.full(order.size, max_items or order.size, np.int64)
     row_of = np.empty(order.size, np.int64)
     smallest_src, smallest_tgt = need_src[items].min(), need_tgt[items].min()
     lo = n_rows = 0  # rows before ``lo`` have no room for any item
     for j, item in enumerate(order.tolist()):
         a, b = need_src[item], need_tgt[item]
-        fits = (room_src[lo:n_rows] >= a) & (room_tgt[lo:n_rows] >= b)
+        fits = (room_src[lo:n_rows] >= a) & (room_tgt[lo:n_rows] >= b) & (room_items[lo:n_rows] > 0)
         r = lo + int(np.argmax(fits)) if n_rows > lo else n_rows
         if r >= n_rows or not fits[r - lo]:
             r = n_rows
             n_rows += 1
         room_src[r] -= a
         room_tgt[r] -= b
+        room_items[r] -= 1
         row_of[j] = r
-        while lo < n_rows and (room_src[lo] < smallest_src or room_tgt[lo] < smallest_tgt):
+        while lo < n_rows and (
+            room_src[lo] < smallest_src or room_tgt[lo] < smallest_tgt or room_items[lo] == 0
+        ):
             lo += 1
     by_row = np.lexsort((order, row_of))
     bounds = np.searchsorted(row_of[by_row], np.arange(n_rows + 1))

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 # Configuration and statistics.
 
 
-PACKING_UNITS: tuple[str, ...] = ("sentence", "chunk")
+PACKING_UNITS: tuple[str, ...] = ("sentence", "chunk", "grouped")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,12 +31,19 @@ class PackingConfig:
     """Packed rows (docs/design/issue14_packing_plan.md §2.1): the items are sentences or chunks
     (``unit``), packed into rows of ``row_tokens * 2**i`` slots for ``i < max_shapes``;
     ``drift`` None keeps each side contiguous over the row, an int aligns each chunk's start on
-    both sides and keeps a sentence's source and target offsets within ``drift`` slots."""
+    both sides and keeps a sentence's source and target offsets within ``drift`` slots.
+
+    ``unit="grouped"`` (:class:`~docnmt_jax.data.packed_plan.GroupedPackedPlan`): sentences in
+    rows of ``row_tokens`` slots, each chunk (a whole document with
+    ``PipelineConfig.whole_documents``) whole within one batch of ``B * 2**i`` rows, so that a
+    model can attend across the rows of a batch to its document's other sentences; a row
+    holds at most ``max_row_sentences`` sentences (the model's static sentence slots)."""
 
     unit: str = "sentence"
     row_tokens: int = 128
     drift: int | None = None
     max_shapes: int = 4
+    max_row_sentences: int | None = None
 
     def __post_init__(self) -> None:
         if self.unit not in PACKING_UNITS:
@@ -47,6 +54,13 @@ class PackingConfig:
             raise ValueError(f"PackingConfig.drift must be >= 0 or None, got {self.drift}")
         if self.max_shapes < 1:
             raise ValueError(f"PackingConfig.max_shapes must be >= 1, got {self.max_shapes}")
+        if self.max_row_sentences is not None and self.max_row_sentences < 1:
+            raise ValueError(
+                "PackingConfig.max_row_sentences must be >= 1 or None, got "
+                f"{self.max_row_sentences}"
+            )
+        if self.unit == "grouped" and self.drift is not None:
+            raise ValueError("PackingConfig(unit='grouped') keeps each side contiguous: drift=None")
 
     @property
     def row_lengths(self) -> tuple[int, ...]:
@@ -87,7 +101,7 @@ class PipelineConfig:
     # K: grid batches also carry the K source sentences before each chunk (``context_src``,
     # ``context_src_mask`` [B, K, T], schema.CONTEXT_FEATURE_AXES) and T covers them too.
     context_sentences: int = 0
-    # Chunks are whole documents (grid only, not with sentence_level).
+    # Chunks are whole documents (the grid, or packing unit "grouped"; not sentence_level).
     whole_documents: bool = False
 
     def __post_init__(self) -> None:
@@ -119,10 +133,14 @@ class PipelineConfig:
             raise ValueError(
                 "PipelineConfig.context_sentences needs the [B, S, T] grid: set packing=None"
             )
-        if self.whole_documents and (self.packing is not None or self.sentence_level):
+        grouped = self.packing is not None and self.packing.unit == "grouped"
+        if self.whole_documents and (
+            (self.packing is not None and not grouped) or self.sentence_level
+        ):
             raise ValueError(
-                "PipelineConfig.whole_documents needs document chunks on the [B, S, T] grid: "
-                "set packing=None and sentence_level=False"
+                "PipelineConfig.whole_documents needs document chunks on the [B, S, T] grid or "
+                "in grouped packing: set packing=None or PackingConfig(unit='grouped'), and "
+                "sentence_level=False"
             )
 
     @property

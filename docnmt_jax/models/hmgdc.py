@@ -39,6 +39,14 @@ No public implementation exists; every reading below follows the equations and i
   whole_documents``): the summaries, the document encoder and every gradient see the whole
   document. ``document_scope = False`` restricts the context to the pipeline chunk
   (``data.max_sentences``), the chunk-only scope measured against it in BUILD_NOTES.
+* Training layout (real documents): sentences packed into rows of 128 slots, every document
+  whole within its batch (``PackingConfig(unit="grouped")``,
+  :class:`~docnmt_jax.data.grouped_plan.GroupedPackedPlan`); the per-sentence parts (Eq. 1-2,
+  the decoder) attend within their segment, Eq. 3 sums each sentence into one of
+  ``packed_row_sentences`` slots of its row, and the document encoder, Eq. 5-6 and the
+  DocEnc-Decoder attention run over the batch's slots masked by document number, so the
+  loss and gradients are the grid's (``tests/test_hmgdc_packed.py``). The ``[B, S, T]`` grid
+  (one document a row) stays the layout of decoding and ``score``.
 * Decoding: the context is source-only, so all sentences of a document are searched at once;
   the document states are encoded once and each decoder layer's DocEnc-Decoder keys/values
   are projected once per document and shared by its sentences and beams.
@@ -58,6 +66,8 @@ import jax
 import jax.numpy as jnp
 
 from docnmt_jax import flops
+from docnmt_jax.data.schema import is_packed
+from docnmt_jax.data.tokenized import PackingConfig
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.decoding.search import (
     SearchConfig,
@@ -74,7 +84,7 @@ from docnmt_jax.models.base import (
     require_context_somewhere,
     require_grid,
 )
-from docnmt_jax.models.transformer import Cache, TransformerConfig
+from docnmt_jax.models.transformer import Cache, TransformerConfig, packed_rows
 
 Array = jax.Array
 
@@ -89,7 +99,8 @@ DOCUMENT_PARAMETERS = (
 class HMGDCConfig(TransformerConfig):
     """Transformer hyper-parameters plus HM-GDC's: ``N_d`` (Table 2), where the global context
     is integrated (Table 2), shared or separate self-attention (Sec. 2.3), Eq. 7's residual
-    dropout ``P`` and the scope of the context (the whole document, or the pipeline chunk)."""
+    dropout ``P``, the scope of the context (the whole document, or the pipeline chunk) and
+    the sentence slots of a packed training row (``packed_row_sentences``)."""
 
     num_document_layers: int = 1
     context_in_encoder: bool = True
@@ -97,10 +108,13 @@ class HMGDCConfig(TransformerConfig):
     share_self_attention: bool = True
     context_dropout_rate: float = 0.1
     document_scope: bool = True
+    packed_row_sentences: int = 16
 
     def __post_init__(self) -> None:
         if self.num_document_layers < 1:
             raise ValueError(f"num_document_layers must be >= 1: {self.num_document_layers}")
+        if self.packed_row_sentences < 1:
+            raise ValueError(f"packed_row_sentences must be >= 1: {self.packed_row_sentences}")
         require_context_somewhere(self.context_in_encoder, self.context_in_decoder)
 
 
@@ -176,11 +190,11 @@ class HMGDC(transformer.Transformer):
         attended = self.summary_attention(words, words, layers.padding_mask(word_mask, word_mask))
         return jnp.sum(attended * (word_mask > 0)[..., None].astype(attended.dtype), axis=1)
 
-    def encode_document(self, summaries: Array, present: Array) -> Array:
-        """``H_S = DocEnc(h~_S)`` (Eq. 4) of ``summaries [B, S, D]``; ``present [B, S]`` masks
-        padding sentences. Document layer ``l`` shares sentence layer ``l``'s self-attention
-        while both exist (:class:`~.transformer.EncoderLayer` ``attention``)."""
-        mask = layers.padding_mask(present, present)
+    def encode_document(self, summaries: Array, mask: Array) -> Array:
+        """``H_S = DocEnc(h~_S)`` (Eq. 4) of ``summaries [B, S, D]`` under the sentence mask
+        ``[B, 1, S, S]`` (padding sentences, other documents). Document layer ``l`` shares
+        sentence layer ``l``'s self-attention while both exist
+        (:class:`~.transformer.EncoderLayer` ``attention``)."""
         x = summaries
         for depth, layer in enumerate(self.document_layers):
             shared = layer.own_attention is False
@@ -196,7 +210,9 @@ class HMGDC(transformer.Transformer):
         mask = src_mask.reshape(B * S, T)
         words = super().encode(src.reshape(B * S, T), mask)  # H_i, Eq. 1
         present = jnp.any(src_mask > 0, axis=-1)
-        states = self.encode_document(self.summarize(words, mask).reshape(B, S, -1), present)
+        states = self.encode_document(
+            self.summarize(words, mask).reshape(B, S, -1), layers.padding_mask(present, present)
+        )
         if self.config.context_in_encoder:  # Eq. 5-7; S word rows per document row
             d_ctx = self.context_attention(words, states, present[:, None, None, :])
             words = words + self.context_dropout(d_ctx, deterministic=self.config.deterministic)
@@ -222,9 +238,17 @@ class HMGDC(transformer.Transformer):
         return self._output(y)
 
     def __call__(  # type: ignore[override]
-        self, src: Array, src_mask: Array, tgt: Array, tgt_mask: Array
+        self,
+        src: Array,
+        src_mask: Array,
+        tgt: Array,
+        tgt_mask: Array,
+        segments: transformer.Segments | None = None,
     ) -> Array:
-        """Logits ``[B*S, Tt, V]`` for the targets ``tgt [B, S, Tt]`` (EOS-terminated)."""
+        """Logits ``[B*S, Tt, V]`` for the targets ``tgt [B, S, Tt]`` (EOS-terminated); with
+        ``segments``, logits ``[B, L, V]`` of packed rows ``[B, L]`` (:meth:`packed_logits`)."""
+        if segments is not None:
+            return self.packed_logits(src, tgt, segments)
         encoded, states, present = self.encode(src, src_mask)
         rows = tgt.reshape(-1, tgt.shape[-1])
         tgt_in = layers.shift_right(rows, BOS_ID)
@@ -232,6 +256,67 @@ class HMGDC(transformer.Transformer):
         return self.decode(
             encoded, src_mask.reshape(-1, src.shape[-1]), tgt_in, row_mask, states, present
         )
+
+    # Packed rows (``PackingConfig(unit="grouped")``): sentences of several documents per row,
+    # every document whole within the batch; the document side is a table of sentence slots.
+
+    def sentence_table(
+        self, attended: Array, segment_ids: Array, chunk_ids: Array
+    ) -> tuple[Array, Array]:
+        """Eq. 3 on packed rows: the sum of ``attended [B, L, D]`` over each sentence's words,
+        in ``K = packed_row_sentences`` slots a row (slot ``k`` = segment ``k + 1``), flattened
+        over the batch -> (summaries ``[1, B*K, D]``, document number of each slot ``[1, B*K]``,
+        0 = empty slot)."""
+        K = self.config.packed_row_sentences
+        slots = segment_ids[..., None] == jnp.arange(1, K + 1)  # [B, L, K]; padding: none
+        summaries = jnp.einsum("blk,bld->bkd", slots.astype(attended.dtype), attended)
+        document = jnp.max(jnp.where(slots, chunk_ids[..., None], 0), axis=1)  # [B, K]
+        return summaries.reshape(1, -1, summaries.shape[-1]), document.reshape(1, -1)
+
+    def packed_encode(
+        self, src: Array, segments: transformer.Segments
+    ) -> tuple[Array, Array, Array]:
+        """(word states ``[B, L, D]``, document states ``H_S [1, B*K, D]`` of the batch's
+        sentence slots, the slots' document numbers ``[1, B*K]``): Eq. 1-7 as :meth:`encode`,
+        every document's sentences gathered across the rows of the batch by its number."""
+        src_ids = segments["src_segment_ids"]
+        words = super().encode(src, src_ids > 0, segments)  # H_i, Eq. 1
+        attended = self.summary_attention(words, words, layers.segment_mask(src_ids, src_ids))
+        table, document = self.sentence_table(attended, src_ids, segments["src_chunk_ids"])
+        states = self.encode_document(table, layers.segment_mask(document, document))
+        if self.config.context_in_encoder:  # Eq. 5-7 over the document's slots
+            B, L, D = words.shape
+            word_documents = jnp.where(src_ids > 0, segments["src_chunk_ids"], 0).reshape(1, -1)
+            mask = layers.segment_mask(word_documents, document)
+            d_ctx = self.context_attention(words.reshape(1, B * L, D), states, mask)
+            d_ctx = self.context_dropout(d_ctx, deterministic=self.config.deterministic)
+            words = words + d_ctx.reshape(B, L, D)
+        return words, states, document
+
+    def packed_logits(self, src: Array, tgt: Array, segments: transformer.Segments) -> Array:
+        """Teacher-forced logits ``[B, L, V]`` of packed rows: the Transformer's packed decoder
+        (segments), each word's DocEnc-Decoder attention over its document's slots."""
+        encoded, states, document = self.packed_encode(src, segments)
+        tgt_ids, src_ids = segments["tgt_segment_ids"], segments["src_segment_ids"]
+        tgt_in = layers.shift_right_segments(tgt, segments["tgt_positions"], BOS_ID)
+        self_mask = layers.causal_mask(tgt.shape[-1]) & layers.segment_mask(tgt_ids, tgt_ids)
+        cross_mask = layers.segment_mask(tgt_ids, src_ids)
+        word_documents = jnp.where(tgt_ids > 0, segments["tgt_chunk_ids"], 0)
+        document_mask = layers.segment_mask(
+            word_documents, jnp.broadcast_to(document, (tgt.shape[0], document.shape[1]))
+        )
+        y = self._embed(tgt_in, segments["tgt_positions"])
+        for layer in self.decoder_layers:
+            document_kv = None
+            if self.config.context_in_decoder:  # projected once, shared by the rows
+                document_kv = tuple(
+                    jnp.broadcast_to(x, (tgt.shape[0],) + x.shape[1:])
+                    for x in layer.document_kv(states)
+                )
+            y, _ = layer(
+                y, self_mask, encoded, cross_mask, None, document_mask, document_kv=document_kv
+            )
+        return self._output(y)
 
     def decode_inputs(  # type: ignore[override]
         self, encoded: Array, src_mask: Array, states: Array, present: Array
@@ -300,6 +385,25 @@ class HMGDCModel(BaseModel):
     def whole_documents(self) -> bool:
         """With ``document_scope`` every pipeline chunk is a whole document."""
         return self.config.document_scope
+
+    def packing(self) -> PackingConfig:
+        """Sentences packed into rows of 128 slots, every document (chunk, with the chunk
+        scope) whole within its batch (:class:`~docnmt_jax.data.grouped_plan.
+        GroupedPackedPlan`), at most ``packed_row_sentences`` sentences a row."""
+        return PackingConfig(
+            unit="grouped", row_tokens=128, max_row_sentences=self.config.packed_row_sentences
+        )
+
+    def rows(self, batch: dict[str, Array]) -> dict[str, Array]:
+        """The grid as it is; packed rows with the sentence segments plus each token's
+        document number in the batch (``{src,tgt}_chunk_ids``)."""
+        if not is_packed(batch):
+            return super().rows(batch)
+        rows = packed_rows(batch, unit="segment")
+        rows["segments"].update(
+            {f"{side}_chunk_ids": batch[f"{side}_chunk_ids"] for side in ("src", "tgt")}
+        )
+        return rows
 
     def loss(
         self, params: Any, batch: dict[str, Array], rng: Array | None, train: bool

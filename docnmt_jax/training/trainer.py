@@ -106,6 +106,14 @@ def read_split(data_cfg: ml_collections.ConfigDict, split: str) -> list[Document
     return readers.read_tsv(path)
 
 
+#: How the run log names each packed layout.
+PACKING_WORDS = {
+    "sentence": "packed sentences",
+    "chunk": "packed chunks",
+    "grouped": "packed sentences, chunks whole within a batch",
+}
+
+
 def pipeline_config(
     data_cfg: ml_collections.ConfigDict,
     seed: int,
@@ -523,7 +531,7 @@ def train_and_evaluate(
         f"data: {len(train_docs)} train / {len(dev_docs)} dev documents, "
         f"{train_plan.batches_per_epoch} train batches per epoch, {len(shapes)} train batch "
         f"shapes {shapes} ({model.layout.value}, "
-        + (f"packed {packing.unit}s" if packing else "[B, S, T] grid")
+        + (PACKING_WORDS[packing.unit] if packing else "[B, S, T] grid")
         + f"), {100 * train_plan.stats.padding_fraction:.1f}% padding"
     )
 
