@@ -23,7 +23,7 @@ from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.decoding.translator import Translator
 from docnmt_jax.models import build_model
-from docnmt_jax.models.hmgdc import DOCUMENT_PARAMETERS
+from docnmt_jax.models.hmgdc import DOCUMENT_PARAMETERS, FOLDED
 from docnmt_jax.models.transformer import TransformerConfig, TransformerModel
 from docnmt_jax.training import param_mapping
 
@@ -270,11 +270,14 @@ def test_whole_documents_reach_beyond_a_chunk_and_the_chunk_scope_does_not():
     assert split == 3  # chunks 1 and 2 of the long document, and chunk 1 of the 3-sentence one
 
 
-def test_cached_search_equals_the_teacher_forced_pass():
+@pytest.mark.parametrize("num_heads, folded", [(2, True), (8, False)])
+def test_cached_search_equals_the_teacher_forced_pass(num_heads, folded):
     """decode_step with the cache, fed the reference tokens, gives the teacher-forced logits
     at every position (two beams per sentence sharing the document's keys); the search's
-    greedy translation is the argmax chain of the full pass."""
-    model = _model()
+    greedy translation is the argmax chain of the full pass. With H * S <= D the DocEnc-Decoder
+    projections are folded into the document states (2 heads x 5 sentences <= 16), else the
+    plain keys and values are read (8 x 5 > 16)."""
+    model = _model(num_heads=num_heads)
     (batch,) = _batches(HM_DOCS, max_sentences=5, rows=4)
     params = _params(model, batch, seed=5)
     module, variables = model.eval_module, {"params": params}
@@ -284,6 +287,7 @@ def test_cached_search_equals_the_teacher_forced_pass():
     T = batch["src"].shape[-1]
     src_mask = batch["src_mask"].reshape(-1, T)
     extra = module.apply(variables, encoded, src_mask, states, present, method=module.decode_inputs)
+    assert (FOLDED[0] in extra["layer_0"]) == folded
     beams = 2
     rows = src_mask.shape[0]
     tgt = np.asarray(batch["tgt"]).reshape(rows, -1)

@@ -88,6 +88,10 @@ from docnmt_jax.models.transformer import Cache, TransformerConfig, packed_rows
 
 Array = jax.Array
 
+#: Decoding inputs of a DocEnc-Decoder attention with its projections folded into the document
+#: states (:meth:`~docnmt_jax.models.layers.MultiHeadAttention.fold_memory`).
+FOLDED = ("document_folded_key", "document_key_bias", "document_folded_value")
+
 #: ``theta_d``: the parameters HM-GDC adds to the sentence Transformer.
 DOCUMENT_PARAMETERS = (
     r"summary_attention/.*|document_layers_\d+/.*|document_norm/.*|context_attention/.*"
@@ -142,6 +146,7 @@ class GlobalContextDecoderLayer(transformer.DecoderLayer):
         index: Array | None = None,
         cross_kv: tuple[Array, Array] | None = None,
         document_kv: tuple[Array, Array] | None = None,
+        document_folded: tuple[Array, Array, Array] | None = None,
     ) -> tuple[Array, Cache | None]:
         y, new_cache = self.self_attention_sublayer(y, self_mask, cache, index)
 
@@ -149,9 +154,15 @@ class GlobalContextDecoderLayer(transformer.DecoderLayer):
             e = transformer.memory_attention(self.cross_attention, h, encoded, cross_mask, cross_kv)
             if not self.config.context_in_decoder:
                 return e
-            g = transformer.memory_attention(
-                self.document_attention, h, document, document_mask, document_kv
-            )
+            if document_folded is not None:  # decoding: projections folded into H_S
+                g = self.document_attention.attend_folded(h, document_folded, document_mask)
+            elif document_kv is None:
+                g = transformer.memory_attention(
+                    self.document_attention, h, document, document_mask, None
+                )
+            else:  # [B, S, H, d]: the rows' documents, each read by its G query rows
+                q = self.document_attention.project_q(h)
+                g = self.document_attention.attend(q, *document_kv, document_mask)
             return e + g
 
         y = self.cross_attention_block(y, encoder_and_document)
@@ -159,8 +170,9 @@ class GlobalContextDecoderLayer(transformer.DecoderLayer):
         return layers.constrain(y, ("batch", "length", "embed")), new_cache
 
     def document_kv(self, document: Array) -> tuple[Array, Array]:
-        """DocEnc-Decoder keys/values ``[B, H, S, d]`` (heads-major) of the document states."""
-        return tuple(layers.heads_major(x) for x in self.document_attention.project_kv(document))
+        """DocEnc-Decoder keys/values ``[B, S, H, d]`` of the document states (sentence-major:
+        decoding stores them one row per sentence and reads them back with a reshape)."""
+        return self.document_attention.project_kv(document)
 
 
 class HMGDC(transformer.Transformer):
@@ -323,19 +335,27 @@ class HMGDC(transformer.Transformer):
     ) -> dict[str, Any]:
         """Per-sentence-row inputs of :meth:`decode_step`: the Transformer's plus the document
         mask (each row holds its document's ``[S]``) and every layer's DocEnc-Decoder keys and
-        values, projected once per document and stored ``[B*S, H, d]`` (row ``b*S + s`` holds
-        key ``s`` of document ``b``, so that every leaf has one row per sentence)."""
+        values, computed once per document and stored one row per sentence (row ``b*S + s``
+        holds key ``s`` of document ``b``, so that every leaf has one row per sentence). When
+        ``H * S <= D`` the attention's query and output projections are folded into them
+        (:data:`FOLDED`, ``[B*S, H, D]``: each step then costs ``2 H S D`` per row instead of
+        ``2 D^2``); else the plain keys and values ``[B*S, H, d]``."""
         extra = super().decode_inputs(encoded, src_mask)
         S = present.shape[1]
+        folded = self.config.num_heads * S <= self.config.d_model
         extra["document_mask"] = jnp.repeat(present, S, axis=0).astype(jnp.int32)
         for i, layer in enumerate(self.decoder_layers):
-            if self.config.context_in_decoder:
-                k, v = layer.document_kv(states)  # [B, H, S, d]
-                rows = [
-                    jnp.swapaxes(x, 1, 2).reshape((-1,) + x.shape[1:2] + x.shape[3:])
-                    for x in (k, v)
-                ]
-                extra[f"layer_{i}"].update(document_key=rows[0], document_value=rows[1])
+            if self.config.context_in_decoder and folded:
+                parts = layer.document_attention.fold_memory(states)
+                extra[f"layer_{i}"].update(
+                    {
+                        name: x.reshape((-1,) + x.shape[2:])
+                        for name, x in zip(FOLDED, parts, strict=True)
+                    }
+                )
+            elif self.config.context_in_decoder:
+                k, v = (x.reshape((-1,) + x.shape[2:]) for x in layer.document_kv(states))
+                extra[f"layer_{i}"].update(document_key=k, document_value=v)
         return extra
 
     def decode_step(self, cache: Cache, token: Array, extra: dict[str, Any]) -> tuple[Array, Cache]:
@@ -351,10 +371,14 @@ class HMGDC(transformer.Transformer):
         new_cache: Cache = {"index": index + 1}
         for i, layer in enumerate(self.decoder_layers):
             inputs = extra[f"layer_{i}"]
-            document_kv = None
-            if self.config.context_in_decoder:
+            document_kv = document_folded = None
+            if FOLDED[0] in inputs:
+                document_folded = tuple(
+                    inputs[name].reshape((-1, S) + inputs[name].shape[1:]) for name in FOLDED
+                )
+            elif self.config.context_in_decoder:
                 document_kv = tuple(
-                    jnp.swapaxes(x.reshape((-1, S) + x.shape[1:]), 1, 2)
+                    x.reshape((-1, S) + x.shape[1:])
                     for x in (inputs["document_key"], inputs["document_value"])
                 )
             y, new_cache[f"layer_{i}"] = layer(
@@ -368,6 +392,7 @@ class HMGDC(transformer.Transformer):
                 index=index,
                 cross_kv=(inputs["cross_key"], inputs["cross_value"]),
                 document_kv=document_kv,
+                document_folded=document_folded,
             )
         return self._output(y)[:, 0], new_cache
 

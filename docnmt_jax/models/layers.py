@@ -262,6 +262,42 @@ class MultiHeadAttention(nn.Module):
         out = self.out(out.reshape((rows, tq) + out.shape[2:]))
         return (out, weights) if return_weights else out
 
+    def fold_memory(self, memory: Array) -> tuple[Array, Array, Array]:
+        """A small memory ``[B, S, D]`` with the query and output projections folded in, for
+        :meth:`attend_folded` (exact, not an approximation): keys ``[B, S, H, D]`` (``W_q^h
+        k_s^h``), key biases ``[B, S, H]`` (``b_q^h . k_s^h``) and values ``[B, S, H, D]``
+        (``v_s^h W_o^h``). Each query then costs ``2 H S D`` multiply-adds instead of the two
+        ``D x D`` projections: cheaper when ``H * S < D`` (a document's few sentence vectors
+        read at every decoding step)."""
+        k, v = self.project_kv(memory)
+        query = nn.meta.unbox(self.query.variables["params"])
+        out = nn.meta.unbox(self.out.variables["params"])
+        scale = 1.0 / np.sqrt(k.shape[-1])
+        keys = jnp.einsum("bshd,Dhd->bshD", k, query["kernel"].astype(k.dtype)) * scale
+        bias = query.get("bias", jnp.zeros(k.shape[2:], k.dtype))
+        key_bias = jnp.einsum("bshd,hd->bsh", k, bias.astype(k.dtype)) * scale
+        values = jnp.einsum("bshd,hdD->bshD", v, out["kernel"].astype(v.dtype))
+        return keys, key_bias, values
+
+    def attend_folded(
+        self, x: Array, folded: tuple[Array, Array, Array], mask: Array | None
+    ) -> Array:
+        """Attention of the inputs ``x [B*G, 1, D]`` (``G`` rows per memory row, contiguous)
+        over a memory folded by :meth:`fold_memory`; ``mask`` broadcasts to ``[B, 1, 1, S]``.
+        Equals ``self.attend(self.project_q(x), *self.project_kv(memory), mask)`` without
+        attention dropout (decoding)."""
+        keys, key_bias, values = folded
+        B, S = keys.shape[:2]
+        rows = x.reshape(B, -1, x.shape[-1])  # [B, G, D]
+        logits = (
+            jnp.einsum("bgD,bshD->bhgs", rows, keys)
+            + jnp.einsum("bsh->bhs", key_bias)[:, :, None, :]
+        )
+        weights = masked_softmax(logits.astype(jnp.float32), mask).astype(values.dtype)
+        out = jnp.einsum("bhgs,bshD->bgD", weights, values)
+        bias = nn.meta.unbox(self.out.variables["params"]).get("bias", 0.0)
+        return (out + bias).astype(x.dtype).reshape(x.shape)
+
     def __call__(self, q_in: Array, kv_in: Array, mask: Array | None) -> Array:
         k, v = self.project_kv(kv_in)
         return self.attend(self.project_q(q_in), k, v, mask)
