@@ -40,12 +40,17 @@ demo: data
 	$(BIN)/python launch/evaluate.py --hyp $(DEMO_WORKDIR)/test.hyp.tsv --ref $(DATA)/test.tsv
 	@echo "translations: $(DEMO_WORKDIR)/test.hyp.tsv  references: $(DATA)/test.tsv"
 
+# Two pytest workers (pytest-xdist), one test file each at a time: most of a test's time is
+# XLA compilation, which uses one core. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+TEST_FLAGS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: venv
 	SWORD_OPTIONAL=1 bash launch/install_sword.sh
-	$(BIN)/python -m pytest -q -ra --durations=15
+	$(BIN)/python -m pytest -q -ra --durations=15 $(TEST_FLAGS)
 
 test-slow: venv sword
-	$(BIN)/python -m pytest -q -ra -m slow
+	$(BIN)/python -m pytest -q -ra -m slow $(TEST_FLAGS)
 
 lint: venv
 	$(BIN)/ruff check docnmt_jax launch tests configs
