@@ -113,8 +113,6 @@ DOCT_TASK = dict(FAST_TASK, distances=(1, 2))
 DOCT_TRAINING = dict(context_proof.TINY, num_steps=500, lr_scale=0.5)
 
 
-# Slow since issue 17 (the default suite passed 20 minutes): `make test-slow`.
-@pytest.mark.slow
 def test_doct_uses_the_two_sentences_of_its_window(tmp_path):
     data_dir = str(tmp_path / "data")
     synthetic.write_corpus(
