@@ -3,13 +3,18 @@ document whole within one batch (checked sentence by sentence against the corpus
 model on packed rows gives the loss and gradients of the ``[B, S, T]`` grid (itself tested
 against the naive per-document reference in ``test_hmgdc.py``) for every switch."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_doct import _documents, encode
-from test_final import _fast
-from test_hmgdc import HM_DOCS, SWITCHES, _batches, _model, _params
+from test_hmgdc import (
+    HM_DOCS,
+    SWITCHES,
+    _batches,
+    _model,
+    _params,
+    assert_same_values_and_gradients,
+)
 
 from docnmt_jax.data import pipeline as P
 from docnmt_jax.data import schema
@@ -142,18 +147,7 @@ def test_packed_rows_give_the_grids_loss_and_gradients(switches):
     def nll(p, batches):
         return sum(model.loss(p, b, None, False)[1]["nll"].total for b in batches)
 
-    def both(p):
-        return (
-            jax.value_and_grad(lambda q: nll(q, packed))(p),
-            jax.value_and_grad(lambda q: nll(q, grid))(p),
-        )
-
-    (value, grads), (ref, ref_grads) = _fast(both, params)
-    np.testing.assert_allclose(float(value), float(ref), rtol=1e-5)
-    flat, ref_flat = jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(ref_grads)
-    for (path, g), r in zip(flat, ref_flat, strict=True):
-        np.testing.assert_allclose(g, r, atol=1e-5, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
-    assert np.abs(grads["summary_attention"]["query"]["kernel"]).max() > 1e-6
+    assert_same_values_and_gradients(lambda p: nll(p, packed), lambda p: nll(p, grid), params)
 
 
 def test_the_chunk_scope_on_packed_rows_equals_its_grid():
