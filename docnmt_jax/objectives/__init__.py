@@ -3,10 +3,11 @@
 An :class:`~docnmt_jax.objectives.base.Objective` wraps a model's ``loss`` (e.g. adds a second
 forward pass with random context and a margin term, Jean & Cho 2019) and is checked against
 the model when the run is built. The trainer calls only ``objective.loss``. Registered here:
-``maximum_likelihood`` (the model's own loss, the default).
+``maximum_likelihood`` (the model's own loss, the default), ``context_margin`` (Jean & Cho
+2019's multi-level context-aware margin regulariser, :mod:`~docnmt_jax.objectives.context_margin`).
 """
 
-from docnmt_jax.objectives import maximum_likelihood  # noqa: F401  (registration)
+from docnmt_jax.objectives import context_margin, maximum_likelihood  # noqa: F401  (registration)
 from docnmt_jax.objectives.base import (
     Objective,
     ObjectiveError,

@@ -37,6 +37,9 @@ class Objective:
 
     name: ClassVar[str] = ""
     options_class: ClassVar[type] = NoOptions
+    #: Whether the objective needs ``[B, S, T]`` grid batches (e.g. to give sentences other
+    #: documents' context); the trainer then builds the grid instead of the model's packed rows.
+    needs_grid: ClassVar[bool] = False
 
     def __init__(self, model: Model, options: Any = None):
         self.model = model

@@ -509,7 +509,8 @@ def train_and_evaluate(
         )
     encode = tokenizer.encode_batch
 
-    packing = model.packing() if config.data.get("packed", True) else None
+    packed = config.data.get("packed", True) and not objective.needs_grid
+    packing = model.packing() if packed else None
 
     def plan(docs: list[Document], train: bool) -> pipeline_lib.BatchPlan:
         cfg = pipeline_config(
