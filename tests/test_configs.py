@@ -14,6 +14,7 @@ from docnmt_jax.models.concat import Doc2DocModel
 from docnmt_jax.models.doct import SENTENCE_PARAMETERS, DocTModel
 from docnmt_jax.models.final import FinalModel
 from docnmt_jax.models.hmgdc import HMGDCModel
+from docnmt_jax.models.jean_cho import JeanChoModel
 from docnmt_jax.models.rnnsearch import RNNSearchHMGDCModel, RNNSearchModel
 from docnmt_jax.models.transformer import TransformerModel
 
@@ -22,6 +23,7 @@ CONFIG_FILES = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
 EXPECTED = {
     "transformer.py": (TransformerModel, BatchLayout.SENTENCES),
     "doc2doc.py": (Doc2DocModel, BatchLayout.CHUNKS),
+    "jean_cho.py": (JeanChoModel, BatchLayout.CHUNKS),
     "final.py": (FinalModel, BatchLayout.SEQUENTIAL_CHUNKS),
     "final_base.py": (FinalModel, BatchLayout.SEQUENTIAL_CHUNKS),
     "final_table3.py": (FinalModel, BatchLayout.SEQUENTIAL_CHUNKS),

@@ -10,7 +10,7 @@ A new model is one module with a ``@register("name", config=..., flops=...)`` cl
 else in the package changes (README, "Adding a model").
 """
 
-from docnmt_jax.models import concat, doct, final, hmgdc, rnnsearch, transformer  # noqa: F401
+from docnmt_jax.models import concat, doct, final, hmgdc, jean_cho, rnnsearch, transformer  # noqa: F401
 from docnmt_jax.models.base import (
     BaseModel,
     BatchLayout,
