@@ -5,7 +5,8 @@ Importing this package registers the models it ships: ``transformer`` (sentence 
 Transformer-XL pieces in ``xl.py``), ``doc2doc`` (concatenation baseline, ``concat.py``),
 ``doct`` (DocT of Zhang et al. 2018, ``doct.py``), ``hmgdc`` (HM-GDC of Tan et al. 2019,
 ``hmgdc.py``), ``rnnsearch`` and ``rnnsearch_hmgdc`` (RNNSearch and HM-GDC in its encoder,
-Tan et al. 2019 Table 1, ``rnnsearch.py``).
+Tan et al. 2019 Table 1, ``rnnsearch.py``), ``jean_cho`` (the larger-context Transformer of
+Jean & Cho 2019, ``jean_cho.py``).
 A new model is one module with a ``@register("name", config=..., flops=...)`` class; nothing
 else in the package changes (README, "Adding a model").
 """
