@@ -339,6 +339,17 @@ class DocT(transformer.Transformer):
         return self._output(y)[:, 0], new_cache
 
 
+def rows_with_context(batch: dict[str, Array], k: int, what: str) -> dict[str, Array]:
+    """Module inputs of a grid batch: one row per sentence (``src``, ``src_mask``, ``tgt``,
+    ``tgt_mask`` ``[B*S, T]``) and its ``k``-sentence window (``context``, ``context_mask``,
+    :func:`context_windows`); ``what`` names the model in the packed-batch error."""
+    require_grid(batch, what)
+    T = batch["src"].shape[-1]
+    rows = {key: batch[key].reshape(-1, T) for key in ("src", "src_mask", "tgt", "tgt_mask")}
+    rows["context"], rows["context_mask"] = context_windows(batch, k)
+    return rows
+
+
 def context_windows(batch: dict[str, Array], k: int) -> tuple[Array, Array]:
     """Every sentence's context: the ``k`` source sentences before it in its document,
     concatenated, ``(ids, mask)`` ``[B*S, k*T]`` from a grid batch ``[B, S, T]``.
@@ -386,12 +397,7 @@ class DocTModel(BaseModel):
 
     def rows(self, batch: dict[str, Array]) -> dict[str, Array]:
         """One row per sentence with its context window (:func:`context_windows`)."""
-        require_grid(batch, "DocT")
-        T = batch["src"].shape[-1]
-        rows = {key: batch[key].reshape(-1, T) for key in ("src", "src_mask", "tgt", "tgt_mask")}
-        k = self.config.context_sentences
-        rows["context"], rows["context_mask"] = context_windows(batch, k)
-        return rows
+        return rows_with_context(batch, self.config.context_sentences, "DocT")
 
     def transformer_rules(self) -> list[tuple[str, str]]:
         """``theta_s`` from the sentence Transformer's identical paths; ``theta_d`` fresh."""

@@ -55,7 +55,7 @@ from docnmt_jax.decoding.search import (
     sentence_limits,
 )
 from docnmt_jax.models import doct, layers, transformer
-from docnmt_jax.models.base import BaseModel, BatchLayout, register, require_grid
+from docnmt_jax.models.base import BaseModel, BatchLayout, register
 from docnmt_jax.models.transformer import TransformerConfig
 
 Array = jax.Array
@@ -178,13 +178,7 @@ class JeanChoModel(BaseModel):
 
     def rows(self, batch: dict[str, Array]) -> dict[str, Array]:
         """One row per sentence with its context window (:func:`~.doct.context_windows`)."""
-        require_grid(batch, "the jean_cho model")
-        T = batch["src"].shape[-1]
-        rows = {key: batch[key].reshape(-1, T) for key in ("src", "src_mask", "tgt", "tgt_mask")}
-        rows["context"], rows["context_mask"] = doct.context_windows(
-            batch, self.config.context_sentences
-        )
-        return rows
+        return doct.rows_with_context(batch, self.config.context_sentences, "the jean_cho model")
 
     def transformer_rules(self) -> list[tuple[str, str]]:
         """Embedding, encoder and decoder from the sentence Transformer's identical paths;
