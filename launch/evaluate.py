@@ -13,6 +13,20 @@ first line holds a tab. Documents are matched by doc id (by position if either f
 text); see :mod:`docnmt_jax.evaluation.metrics`. Prints a report, or with ``--json`` one JSON
 object, on stdout; a malformed or mismatched file exits with status 1 and a one-line error.
 
+**How much a document model uses its context** (Jean & Cho 2019, Table 1, Sec. 4.4, Fig. 1)::
+
+    python launch/evaluate.py --workdir runs/NAME --ref data/bible/test.tsv \
+        [--checkpoint best|latest|STEP] [--context_draws 3 --context_seed 0] \
+        [--beam 5 --alpha 0.6] [--out_dir DIR] [--json]
+
+translates ``--ref`` (a corpus TSV with sources) with the run's model, once with the true
+context and once per random-context draw, and prints BLEU, the context-marginalised BLEU (mean
+over the draws), Delta_BLEU, the Delta^D log-likelihood per token and the share of sentences
+that had a foreign context (:mod:`docnmt_jax.evaluation.context_marginal`). With
+``--out_dir`` it writes the translations (``hyp.true.tsv``, ``hyp.random_SEED.tsv``), the
+scores (``context.json``) and Fig. 1 (``figure1.tsv``, ``figure1.png``) there. ``--hyp``
+then also scores that file as usual.
+
 ``--pronouns`` adds a "pronouns" section: precision, recall and F1 of clipped per-sentence
 pronoun matches against the reference, overall and per pronoun (case-insensitive whatever
 ``--lowercase`` says; not APT, see :mod:`docnmt_jax.evaluation.pronouns`). The pronouns are
@@ -23,13 +37,19 @@ the built-in list of ``--pronoun_lang`` (default ``en``) or those of ``--pronoun
 from __future__ import annotations
 
 import json
+import os
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 
+from docnmt_jax.data import readers
 from docnmt_jax.data.documents import CorpusFormatError
-from docnmt_jax.evaluation.metrics import evaluate_files, format_report
-from docnmt_jax.evaluation.pronouns import PRONOUNS, read_pronoun_list
+from docnmt_jax.decoding.search import SearchConfig
+from docnmt_jax.evaluation import context_marginal
+from docnmt_jax.evaluation.metrics import evaluate_files, format_report, score_documents
+from docnmt_jax.evaluation.pronouns import PRONOUNS, pronoun_scores, read_pronoun_list
+from docnmt_jax.models import ModelError
+from docnmt_jax.training import restore
 
 FLAGS = flags.FLAGS
 
@@ -44,28 +64,119 @@ flags.DEFINE_enum("pronoun_lang", "en", sorted(PRONOUNS), "Built-in pronoun list
 flags.DEFINE_string(
     "pronoun_list", None, "Pronoun list file, one word per line (implies --pronouns)."
 )
-flags.mark_flags_as_required(["hyp", "ref"])
+flags.DEFINE_string(
+    "workdir", None, "A document model's run: measure its use of context on --ref (see above)."
+)
+flags.DEFINE_string("checkpoint", "best", "With --workdir: best, latest or a step number.")
+flags.DEFINE_integer("context_draws", 3, "With --workdir: random-context draws (Table 1: 3).")
+flags.DEFINE_integer("context_seed", 0, "With --workdir: seed of the first random draw.")
+flags.DEFINE_integer("beam", 5, "With --workdir: beam size (1 = greedy).")
+flags.DEFINE_float("alpha", 0.6, "With --workdir: length penalty exponent.")
+flags.DEFINE_integer("batch_tokens", 4096, "With --workdir: padded source tokens per batch.")
+flags.DEFINE_string("out_dir", None, "With --workdir: write translations, scores and Fig. 1.")
+flags.mark_flags_as_required(["ref"])
+
+
+def context_report(usage: context_marginal.ContextUsage, step: int) -> str:
+    """The text report of :func:`context_marginal.model_context_usage`."""
+    draws = ", ".join(f"{b:.2f}" for b in usage.bleu_random)
+    return "\n".join(
+        [
+            f"context use of {FLAGS.workdir} (step {step}) on {FLAGS.ref}:",
+            f"  BLEU (true context)         {usage.bleu_true:6.2f}",
+            f"  context-marginalised BLEU   {usage.bleu_marginal:6.2f}   (draws: {draws}; "
+            f"seeds {usage.seeds[0]}..{usage.seeds[-1]})",
+            f"  Delta_BLEU                  {usage.delta_bleu:6.2f}",
+            f"  Delta^D log-likelihood      {usage.delta_loglik:+.4f} per token "
+            f"({usage.tokens} tokens; {usage.delta_loglik_all:+.4f} over every sentence)",
+            f"  foreign-context coverage    {100 * usage.coverage:5.1f}% of sentences",
+        ]
+    )
+
+
+def write_outputs(
+    usage: context_marginal.ContextUsage, docs: list, result: dict, out_dir: str
+) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    named = [("true", usage.hypotheses_true)] + [
+        (f"random_{s}", h) for s, h in zip(usage.seeds, usage.hypotheses_random, strict=True)
+    ]
+    for name, hyps in named:
+        with open(os.path.join(out_dir, f"hyp.{name}.tsv"), "w", encoding="utf-8") as out:
+            out.write("doc_id\thyp\n")
+            for doc, sentences in zip(docs, hyps, strict=True):
+                out.writelines(f"{doc.doc_id}\t{h.replace(chr(9), ' ')}\n" for h in sentences)
+    rows = context_marginal.figure_table(usage, docs)
+    title = f"{os.path.basename(os.path.normpath(FLAGS.workdir))}: cumulative BLEU"
+    result["figure"] = context_marginal.write_figure(rows, os.path.join(out_dir, "figure1"), title)
+    with open(os.path.join(out_dir, "context.json"), "w", encoding="utf-8") as out:
+        json.dump(result, out, indent=2)
+
+
+def measure_context(pronouns: object) -> dict:
+    """``--workdir``: translate and score ``--ref`` with true and random contexts."""
+    search = SearchConfig(beam_size=FLAGS.beam, alpha=FLAGS.alpha)
+    translator, step = restore.load_translator(
+        FLAGS.workdir, FLAGS.checkpoint, search, batch_tokens=FLAGS.batch_tokens
+    )
+    docs = readers.read_tsv(FLAGS.ref)
+    if any(not s for doc in docs for s in doc.tgt):
+        raise CorpusFormatError(FLAGS.ref, None, "every sentence needs a reference (3 columns)")
+    config = restore.load_config(FLAGS.workdir)
+    max_len = max(config.data.max_src_len, config.data.max_tgt_len)
+    usage = context_marginal.model_context_usage(
+        translator, docs, max_len, FLAGS.context_draws, FLAGS.context_seed, FLAGS.batch_tokens
+    )
+    result = {"workdir": FLAGS.workdir, "step": step, "ref": FLAGS.ref, **usage.to_json()}
+    result["true_context"] = score_documents(
+        usage.hypotheses_true, [list(d.tgt) for d in docs], lowercase=FLAGS.lowercase
+    )
+    if pronouns is not None:
+        result["true_context"]["pronouns"] = pronoun_scores(
+            [h for d in usage.hypotheses_true for h in d],
+            [s for d in docs for s in d.tgt],
+            pronouns,
+        )
+    if FLAGS.out_dir:
+        write_outputs(usage, docs, result, FLAGS.out_dir)
+    result["report"] = context_report(usage, step)
+    return result
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)
+    if not FLAGS.hyp and not FLAGS.workdir:
+        raise app.UsageError("give --hyp (score a translation) or --workdir (context use)")
     pronouns = source = None
     if FLAGS.pronouns or FLAGS.pronoun_list:
         pronouns = source = FLAGS.pronoun_lang
     try:
         if FLAGS.pronoun_list:
             pronouns, source = read_pronoun_list(FLAGS.pronoun_list), FLAGS.pronoun_list
-        result = evaluate_files(FLAGS.hyp, FLAGS.ref, lowercase=FLAGS.lowercase, pronouns=pronouns)
-    except (CorpusFormatError, OSError) as e:
+        result = context = None
+        if FLAGS.hyp:
+            result = evaluate_files(
+                FLAGS.hyp, FLAGS.ref, lowercase=FLAGS.lowercase, pronouns=pronouns
+            )
+            if pronouns is not None:
+                result["pronouns"]["list"] = source
+        if FLAGS.workdir:
+            context = measure_context(pronouns)
+    except (CorpusFormatError, OSError, ValueError, ModelError) as e:
         print(f"evaluate.py: error: {e}", file=sys.stderr)
         sys.exit(1)
-    if pronouns is not None:
-        result["pronouns"]["list"] = source
     if FLAGS.json:
-        print(json.dumps(result, indent=2, ensure_ascii=False))
-    else:
+        out = dict(result or {})
+        if context is not None:
+            out["context"] = {k: v for k, v in context.items() if k != "report"}
+        print(json.dumps(out, indent=2, ensure_ascii=False))
+        return
+    if result is not None:
         print(format_report(result))
+    if context is not None:
+        print(context["report"])
 
 
 if __name__ == "__main__":

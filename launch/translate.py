@@ -8,18 +8,31 @@ Input: TSV ``doc_id<TAB>src[<TAB>tgt]`` (header optional) or plain text with a b
 between documents. Output: TSV ``doc_id<TAB>hyp`` with a header, one row per input sentence, in
 input order, detokenised. The input is streamed block by block, so memory does not grow with
 its size; sentences/s, tokens/s and the number of compilations are printed at the end.
+
+``--random_context_seed N`` translates a document model's input with draw ``N`` of random
+contexts (Jean & Cho 2019: every sentence sees only other documents' sentences, as
+:func:`~docnmt_jax.evaluation.context_marginal.random_context_corpus` lays them; the whole
+input is read at once, since contexts are drawn from all of it); the output keeps the input's
+documents and order. ``launch/evaluate.py --workdir`` runs the whole measurement.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 
 from absl import app, flags, logging
 from tqdm.auto import tqdm
 
+from docnmt_jax.data.documents import Document
 from docnmt_jax.data.readers import iter_source_documents
 from docnmt_jax.decoding.search import SearchConfig
+from docnmt_jax.decoding.translator import Translator
+from docnmt_jax.evaluation.context_marginal import (
+    ContextUsageError,
+    translate_with_random_context,
+)
 from docnmt_jax.models import ModelError
 from docnmt_jax.training.restore import load_translator
 
@@ -34,6 +47,9 @@ _MAX_LEN = flags.DEFINE_integer("max_len", 256, "Absolute output limit in tokens
 _BATCH_TOKENS = flags.DEFINE_integer("batch_tokens", 4096, "Padded source tokens per batch.")
 _BLOCK = flags.DEFINE_integer("block_documents", 256, "Documents read and translated at a time.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "best", "best, latest or a step number.")
+_RANDOM_SEED = flags.DEFINE_integer(
+    "random_context_seed", None, "Translate with this draw of random contexts (document models)."
+)
 _MESH = flags.DEFINE_string(
     "mesh",
     "",
@@ -55,6 +71,21 @@ def parse_mesh(text: str) -> dict[str, int] | None:
     if len(sizes) != 3:
         raise app.UsageError(f"--mesh={text!r}: expected three integers DATA,FSDP,MODEL")
     return dict(zip(("data", "fsdp", "model"), sizes, strict=True))
+
+
+def random_context_stream(
+    translator: Translator, documents: list[tuple[str, list[str]]], seed: int
+) -> Iterator[tuple[str, list[str]]]:
+    """``(doc_id, translations)`` of ``documents`` translated with random-context draw
+    ``seed``; exits with a one-line error for a sentence-level model."""
+    docs = [Document(doc_id, tuple(s), ("",) * len(s)) for doc_id, s in documents]
+    try:
+        hyps, coverage = translate_with_random_context(translator, docs, seed)
+    except ContextUsageError as e:
+        print(f"translate.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(f"random contexts (seed {seed}): {100 * coverage:.1f}% of sentences saw other documents")
+    return zip((d.doc_id for d in docs), hyps, strict=True)
 
 
 def main(argv: list[str]) -> None:
@@ -81,11 +112,18 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     print(f"translating {_INPUT.value} with {_WORKDIR.value} step {step}, beam {search.beam_size}")
     documents = ((doc_id, sents) for doc_id, sents, _ in iter_source_documents(_INPUT.value))
+    if _RANDOM_SEED.value is not None:
+        documents = random_context_stream(translator, list(documents), _RANDOM_SEED.value)
     os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
     tmp = _OUTPUT.value + ".partial"
     with open(tmp, "w", encoding="utf-8", newline="\n") as out, tqdm(unit="doc") as bar:
         out.write("doc_id\thyp\n")
-        for doc_id, hyps in translator.translate_stream(documents, _BLOCK.value):
+        stream = (
+            documents
+            if _RANDOM_SEED.value is not None
+            else translator.translate_stream(documents, _BLOCK.value)
+        )
+        for doc_id, hyps in stream:
             for hyp in hyps:
                 out.write(f"{doc_id}\t{hyp.replace(chr(9), ' ')}\n")
             bar.update(1)

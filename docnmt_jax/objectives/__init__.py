@@ -4,10 +4,16 @@ An :class:`~docnmt_jax.objectives.base.Objective` wraps a model's ``loss`` (e.g.
 forward pass with random context and a margin term, Jean & Cho 2019) and is checked against
 the model when the run is built. The trainer calls only ``objective.loss``. Registered here:
 ``maximum_likelihood`` (the model's own loss, the default), ``context_margin`` (Jean & Cho
-2019's multi-level context-aware margin regulariser, :mod:`~docnmt_jax.objectives.context_margin`).
+2019's multi-level context-aware margin regulariser, :mod:`~docnmt_jax.objectives.context_margin`),
+``random_context`` (maximum likelihood with other documents' context, Table 1 row (b),
+:mod:`~docnmt_jax.objectives.random_context`).
 """
 
-from docnmt_jax.objectives import context_margin, maximum_likelihood  # noqa: F401  (registration)
+from docnmt_jax.objectives import (  # noqa: F401  (registration)
+    context_margin,
+    maximum_likelihood,
+    random_context,
+)
 from docnmt_jax.objectives.base import (
     Objective,
     ObjectiveError,

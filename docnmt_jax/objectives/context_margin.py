@@ -159,6 +159,26 @@ def deranged_batch(batch: dict[str, Array], rng: Array) -> tuple[dict[str, Array
     return out, valid[:, K:]
 
 
+def check_random_context(model: Model, objective: str) -> None:
+    """Raises :class:`ObjectiveError` when ``model`` has no context to replace (a sentence
+    model): what an objective that reassigns contexts checks."""
+    try:
+        jax.eval_shape(
+            model.with_random_context, dummy_batch(sentences=2, rows=2), jax.random.PRNGKey(0)
+        )
+    except ModelError as e:
+        raise ObjectiveError(f"objective {objective!r} needs random contexts: {e}") from None
+
+
+def require_grid_batch(batch: dict[str, Array], objective: str) -> None:
+    """Raises :class:`ObjectiveError` on packed rows: contexts are reassigned on the grid."""
+    if "src_chunk_ids" in batch:
+        raise ObjectiveError(
+            f"objective {objective!r} needs [B, S, T] grid batches, got packed rows "
+            "(the trainer builds the grid for it: PipelineConfig(packing=None))"
+        )
+
+
 # ----------------------------------------------------------------------------- regulariser
 
 
@@ -246,21 +266,12 @@ class ContextMargin(Objective):
         for name in ("alpha_data", "alpha_sentence", "alpha_token"):
             if getattr(o, name) < 0:
                 raise ObjectiveError(f"config.objective.{name} = {getattr(o, name)}: must be >= 0")
-        try:
-            jax.eval_shape(
-                model.with_random_context, dummy_batch(sentences=2, rows=2), jax.random.PRNGKey(0)
-            )
-        except ModelError as e:
-            raise ObjectiveError(f"objective 'context_margin' needs random contexts: {e}") from None
+        check_random_context(model, "context_margin")
 
     def loss(
         self, params: PyTree, batch: dict[str, Array], rng: Array | None, train: bool
     ) -> tuple[Array, Metrics]:
-        if "src_chunk_ids" in batch:
-            raise ObjectiveError(
-                "objective 'context_margin' needs [B, S, T] grid batches, got packed rows "
-                "(the trainer builds the grid for it: PipelineConfig(packing=None))"
-            )
+        require_grid_batch(batch, "context_margin")
         o, model = self.options, self.model
         smoothing = model.label_smoothing
         key = rng if rng is not None else jax.random.PRNGKey(o.seed)

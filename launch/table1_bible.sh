@@ -1,0 +1,78 @@
+#!/bin/bash
+# Jean & Cho (2019)'s Table 1 on the Bible (issue 18, item 4), every row on the same budget:
+# the real target tokens of TOTAL_STEPS (450) steps of the packed sentence Transformer
+# (~0.9M), each row's steps from launch/steps_for_tokens.py on its own batch plan (the two
+# context objectives train on the [B, S, T] grid, data.packed=False). Rows:
+#   (a) transformer          the sentence Transformer
+#   (b) jean_cho_random      Jean & Cho's model, every context from another document
+#                            (objective random_context)
+#   (c) jean_cho             the model with its true context, maximum likelihood
+#   (d) jean_cho_margin      ... and the context-aware margin regulariser (context_margin)
+#   final / final_margin     FINAL (Zheng et al. 2020) as (c) / (d)
+# Then launch/evaluate.py --workdir translates the test books with the true context and with
+# DRAWS (3) random contexts (beam 5, alpha 0.6, latest checkpoint) into OUT/ROW/context/ and
+# writes the scores (BLEU, context-marginalised BLEU, Delta_BLEU, Delta^D) and Fig. 1 there.
+#
+#   bash launch/table1_bible.sh [OUT_DIR] [train|score|all] [ROW ...]
+#        (env: TOTAL_STEPS=450 DRAWS=3 DATA=data/bible PYTHON=python)
+set -euo pipefail
+OUT=${1:-runs/table1_bible}
+WHAT=${2:-all}
+shift $(($# < 2 ? $# : 2))
+ROWS=("$@")
+[ ${#ROWS[@]} -eq 0 ] && ROWS=(transformer jean_cho_random jean_cho jean_cho_margin final final_margin)
+TOTAL=${TOTAL_STEPS:-450}
+DRAWS=${DRAWS:-3}
+DATA=${DATA:-data/bible}
+PY=${PYTHON:-python}
+SPM="$OUT/transformer/spm.model"
+common=(--config.data.data_dir="$DATA" --config.train.warmup_steps=150 --config.train.lr_scale=0.5
+  --config.train.eval_every=100000 --config.train.checkpoint_every=150 --config.train.dev_bleu=False
+  --config.train.best_metric=dev_loss --config.train.best_mode=min --config.train.seed=0)
+mkdir -p "$OUT"
+
+row_config() {  # ROW -> config file and its --config.KEY=VALUE overrides (one per line)
+  case $1 in
+    transformer) echo configs/transformer.py ;;
+    jean_cho_random) printf '%s\n' configs/jean_cho.py objective.name=random_context data.packed=False ;;
+    jean_cho) echo configs/jean_cho.py ;;
+    jean_cho_margin) printf '%s\n' configs/jean_cho.py objective.name=context_margin data.packed=False ;;
+    final) echo configs/final.py ;;
+    final_margin) printf '%s\n' configs/final.py objective.name=context_margin data.packed=False ;;
+    *) echo "unknown row $1" >&2; exit 2 ;;
+  esac
+}
+
+train_row() {
+  local row=$1 config sets=() flags=() steps
+  mapfile -t lines < <(row_config "$row")
+  config=${lines[0]}
+  for item in "${lines[@]:1}"; do
+    flags+=(--config."$item")
+    [[ $item == data.* ]] && sets+=(--set "$item")
+  done
+  if [ "$row" = transformer ]; then
+    steps=$TOTAL
+  else
+    [ -s "$SPM" ] || { echo "$SPM: train the transformer row first" >&2; exit 2; }
+    flags+=(--config.data.tokenizer="$SPM")
+    steps=$($PY launch/steps_for_tokens.py --config "$config" --reference configs/transformer.py \
+      --reference_steps "$TOTAL" --tokenizer "$SPM" "${sets[@]}")
+  fi
+  $PY launch/train.py --config "$config" --workdir "$OUT/$row" "${common[@]}" "${flags[@]}" \
+    --config.train.num_steps="$steps"
+}
+
+score_row() {
+  $PY launch/evaluate.py --workdir "$OUT/$1" --checkpoint latest --ref "$DATA/test.tsv" \
+    --context_draws "$DRAWS" --out_dir "$OUT/$1/context" --beam 5 --alpha 0.6
+}
+
+for row in "${ROWS[@]}"; do
+  case $WHAT in
+    train) train_row "$row" ;;
+    score) score_row "$row" ;;
+    all) train_row "$row"; score_row "$row" ;;
+    *) echo "second argument: train, score or all" >&2; exit 2 ;;
+  esac
+done
