@@ -64,8 +64,15 @@ train_row() {
 }
 
 score_row() {
-  $PY launch/evaluate.py --workdir "$OUT/$1" --checkpoint latest --ref "$DATA/test.tsv" \
-    --context_draws "$DRAWS" --out_dir "$OUT/$1/context" --beam 5 --alpha 0.6
+  if [ "$1" = transformer ]; then  # no context: BLEU only (Table 1 row (a))
+    $PY launch/translate.py --workdir "$OUT/$1" --input "$DATA/test.tsv" --checkpoint latest \
+      --output "$OUT/$1/context/hyp.true.tsv" --beam 5 --alpha 0.6
+    $PY launch/evaluate.py --hyp "$OUT/$1/context/hyp.true.tsv" --ref "$DATA/test.tsv" --json \
+      > "$OUT/$1/context/scores.json"
+  else
+    $PY launch/evaluate.py --workdir "$OUT/$1" --checkpoint latest --ref "$DATA/test.tsv" \
+      --context_draws "$DRAWS" --out_dir "$OUT/$1/context" --beam 5 --alpha 0.6
+  fi
 }
 
 for row in "${ROWS[@]}"; do
