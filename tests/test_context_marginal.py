@@ -247,26 +247,29 @@ def _grid_batch(rows=4, sentences=3, length=6, seed=0):
     return batch_from_grids(src.astype(np.int32), tgt.astype(np.int32))
 
 
-def test_random_context_objective_on_a_context_free_model_is_its_loss():
-    """doc2doc's loss depends on the chunk; with one sentence a row nothing else is seen,
-    so moving sentences between rows must leave the loss unchanged."""
+def _random_context_losses(rows, sentences):
+    """doc2doc, its parameters, a grid batch, the random_context objective's loss and metrics,
+    and the model's own loss on the batch as it is."""
     model = _tiny("doc2doc")
-    batch = _grid_batch(rows=5, sentences=1)
+    batch = _grid_batch(rows=rows, sentences=sentences)
     params = model.init(jax.random.PRNGKey(0), batch)["params"]
     objective = build_objective({"name": "random_context"}, model)
     loss, metrics = objective.loss(params, batch, None, False)
     ref, _ = model.loss(params, batch, None, False)
+    return model, params, batch, loss, metrics, ref
+
+
+def test_random_context_objective_on_a_context_free_model_is_its_loss():
+    """doc2doc's loss depends on the chunk; with one sentence a row nothing else is seen,
+    so moving sentences between rows must leave the loss unchanged."""
+    model, params, batch, loss, metrics, ref = _random_context_losses(rows=5, sentences=1)
     np.testing.assert_allclose(float(loss), float(ref), rtol=1e-6)
     assert float(metrics["random_context_missed"].total) == 0.0
 
 
 def test_random_context_objective_counts_a_lone_document_and_changes_a_chunk_loss():
-    model = _tiny("doc2doc")
-    batch = _grid_batch(rows=8, sentences=3)
-    params = model.init(jax.random.PRNGKey(0), batch)["params"]
+    model, params, batch, loss, metrics, ref = _random_context_losses(rows=8, sentences=3)
     objective = build_objective({"name": "random_context"}, model)
-    loss, metrics = objective.loss(params, batch, None, False)
-    ref, _ = model.loss(params, batch, None, False)
     assert abs(float(loss) - float(ref)) > 1e-6  # chunk mates changed
     assert float(metrics["random_context_missed"].total) == 0.0
     one = {k: v[:1] for k, v in batch.items()}

@@ -183,30 +183,12 @@ def log_mean_exp(samples: np.ndarray) -> np.ndarray:
 
 
 def sentence_scorer(
-    model: Model,
-    params: Any,
-    tokenizer: Tokenizer,
-    max_sentences: int,
-    max_len: int,
-    batch_tokens: int = 4096,
+    model: Model, params: Any, tokenizer: Tokenizer, config: pipeline_lib.PipelineConfig
 ) -> Score:
     """``score(documents) -> (log p(Y_i | X_i, context) per sentence, target tokens per
-    sentence)``, document by document, teacher-forced with :meth:`Model.score` on the
-    pipeline's grid batches laid out as the model declares (chunks, window, whole
-    documents): the context is whatever the documents hold."""
-    config = pipeline_lib.PipelineConfig(
-        max_sentences=max_sentences,
-        max_src_len=max_len,
-        max_tgt_len=max_len,
-        batch_src_tokens=batch_tokens,
-        batch_tgt_tokens=batch_tokens,
-        sentence_level=model.layout.sentence_level,
-        shuffle=False,
-        num_epochs=1,
-        pad_batch=True,
-        context_sentences=model.context_sentences,
-        whole_documents=model.whole_documents,
-    )
+    sentence)``, document by document, teacher-forced with :meth:`Model.score` on the grid
+    batches of the pipeline ``config`` (the model's chunks, window, whole documents, as the
+    translator lays them): the context is whatever the documents hold."""
     score_fn = jax.jit(model.score)
 
     def score(documents: Sequence[Document]) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -386,10 +368,16 @@ def model_context_usage(
         raise ContextUsageError(
             f"model {model.name!r} translates sentences alone: it has no context to replace"
         )
-    max_sentences = translator.pipeline_config.max_sentences
-    scorer = sentence_scorer(
-        model, translator.params, translator.tokenizer, max_sentences, max_len, batch_tokens
+    config = dataclasses.replace(
+        translator.pipeline_config,
+        max_src_len=max_len,
+        max_tgt_len=max_len,
+        batch_src_tokens=batch_tokens,
+        batch_tgt_tokens=batch_tokens,
+        sequential_sentences=False,
     )
+    scorer = sentence_scorer(model, translator.params, translator.tokenizer, config)
+    max_sentences = config.max_sentences
     return context_usage(
         documents,
         translator.translate,
