@@ -198,21 +198,29 @@ def test_loss_and_gradients_equal_the_naive_reference(switches):
     batches = _batches(DOCS, cfg.context_sentences)
     params = _params(model, batches[0])
 
+    grads = assert_nll_and_gradients_equal(
+        model, batches, params, lambda p: naive_nll(cfg, p, DOCS)
+    )
+    # The check can fail: the context side receives gradient.
+    assert np.abs(grads["context_layers_0"]["ffn"]["wo"]["kernel"]).max() > 1e-6
+
+
+def assert_nll_and_gradients_equal(model, batches, params, naive_total):
+    """The summed NLL of ``batches`` under ``model`` and its gradients equal ``naive_total``'s
+    (a sentence-by-sentence reference) to 1e-5; returns the model's gradients."""
+
     def model_nll(p):
         return sum(model.loss(p, b, None, False)[1]["nll"].total for b in batches)
 
     def both(p):
-        return jax.value_and_grad(model_nll)(p), jax.value_and_grad(
-            lambda p: naive_nll(cfg, p, DOCS)
-        )(p)
+        return jax.value_and_grad(model_nll)(p), jax.value_and_grad(naive_total)(p)
 
     (nll, grads), (ref, ref_grads) = _fast(both, params)
     np.testing.assert_allclose(float(nll), float(ref), rtol=1e-5)
     flat, ref_flat = jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(ref_grads)
     for (path, g), r in zip(flat, ref_flat, strict=True):
         np.testing.assert_allclose(g, r, atol=1e-5, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
-    # The check can fail: the context side receives gradient.
-    assert np.abs(grads["context_layers_0"]["ffn"]["wo"]["kernel"]).max() > 1e-6
+    return grads
 
 
 def _logits(model, params, batch):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 from flax import traverse_util
-from test_doct import DOCS, V, _batches
+from test_doct import DOCS, V, _batches, assert_nll_and_gradients_equal
 from test_final import _encoder_layer, _fast, _fast_jit, _ffn, _ln, _mha, _sinus
 
 from docnmt_jax import flops
@@ -133,19 +133,9 @@ def test_loss_and_gradients_equal_the_naive_reference(switches):
     norm = params["context_ffn_block"]["norm"]
     norm["scale"] = jnp.asarray(rng.normal(size=cfg.d_model), jnp.float32)
 
-    def model_nll(p):
-        return sum(model.loss(p, b, None, False)[1]["nll"].total for b in batches)
-
-    def both(p):
-        return jax.value_and_grad(model_nll)(p), jax.value_and_grad(
-            lambda p: naive_nll(cfg, p, docs)
-        )(p)
-
-    (nll, grads), (ref, ref_grads) = _fast(both, params)
-    np.testing.assert_allclose(float(nll), float(ref), rtol=1e-5)
-    flat, ref_flat = jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(ref_grads)
-    for (path, g), r in zip(flat, ref_flat, strict=True):
-        np.testing.assert_allclose(g, r, atol=1e-5, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
+    grads = assert_nll_and_gradients_equal(
+        model, batches, params, lambda p: naive_nll(cfg, p, docs)
+    )
     # The check can fail: the context side receives gradient.
     assert np.abs(grads["context_attention"]["value"]["kernel"]).max() > 1e-6
 
