@@ -280,6 +280,45 @@ def test_random_context_objective_counts_a_lone_document_and_changes_a_chunk_los
         build_objective({"name": "random_context"}, _tiny("transformer"))
 
 
+def test_a_window_model_measures_the_same_on_sentence_rows_and_chunks():
+    """Random contexts of a window model do not depend on its layout: Jean & Cho on chunks of
+    20 and on sentence rows translate and score every draw alike (random initialisation, a
+    gate bias that makes the context count)."""
+    from test_doct import WordTokenizer, _documents
+
+    from docnmt_jax.decoding.search import SearchConfig
+    from docnmt_jax.decoding.translator import Translator
+
+    rng = np.random.default_rng(4)
+    docs = _documents(
+        [
+            [(list(rng.integers(4, 40, 4)), list(rng.integers(4, 40, 4))) for _ in range(n)]
+            for n in (3, 5, 2, 4, 3, 6)
+        ]
+    )
+    usages = []
+    for rows in (False, True):
+        model = _tiny("jean_cho", sentence_rows=rows)
+        if not usages:
+            batch = _grid_batch(rows=2, sentences=2)
+            params = model.init(jax.random.PRNGKey(3), batch)["params"]
+            params["context_gate"]["bias"] = jnp.full((16,), 0.7, jnp.float32)
+        translator = Translator(
+            model, params, WordTokenizer(), SearchConfig(beam_size=2, max_len=8)
+        )
+        usages.append(cm.model_context_usage(translator, docs, 16, draws=2, progress=False))
+    chunks, rows = usages
+    assert chunks.hypotheses_random == rows.hypotheses_random
+    assert chunks.hypotheses_true == rows.hypotheses_true
+    np.testing.assert_allclose(chunks.delta_sentence, rows.delta_sentence, atol=1e-4)
+    assert np.abs(chunks.delta_sentence).max() > 1e-3  # the context counts (can fail)
+    with pytest.raises(cm.ContextUsageError, match="no context to replace"):
+        model = _tiny("transformer")
+        cm.model_context_usage(
+            Translator(model, params, WordTokenizer(), SearchConfig()), docs, 16, progress=False
+        )
+
+
 # -------------------------------------------------------------------------- command lines
 
 

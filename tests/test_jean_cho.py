@@ -345,3 +345,31 @@ def test_config_file_builds_the_model():
         512,
         4,
     )
+
+
+def test_sentence_rows_translate_and_score_like_chunks():
+    """``sentence_rows`` (each sentence its own row with its window) is a layout, not a
+    model: the same translations and the same NLL as chunks of 20 and of 2."""
+    from test_doct import WordTokenizer, _documents, _sentence_batches
+
+    from docnmt_jax.decoding.search import SearchConfig
+    from docnmt_jax.decoding.translator import Translator
+
+    model = _model()
+    rows_model = _model(sentence_rows=True)
+    assert rows_model.layout.sentence_level and not model.layout.sentence_level
+    (batch,) = _batches(DOCS, 1, max_sentences=5)
+    params = _params(model, batch, seed=3)
+    params["context_gate"]["bias"] = jnp.full((model.config.d_model,), 0.7, jnp.float32)
+    docs = _documents(DOCS)
+    search = SearchConfig(beam_size=3, max_len=12)
+    out = [
+        Translator(m, params, WordTokenizer(), search, max_sentences=s).translate(docs)
+        for m, s in ((model, 20), (model, 2), (rows_model, 20))
+    ]
+    assert out[0] == out[1] == out[2]
+    nll = [
+        sum(float(m.loss(params, b, None, False)[1]["nll"].total) for b in batches)
+        for m, batches in ((model, _batches(DOCS, 1)), (rows_model, _sentence_batches(DOCS, 1)))
+    ]
+    np.testing.assert_allclose(nll[0], nll[1], rtol=1e-5)

@@ -336,18 +336,28 @@ def context_usage(
     )
 
 
+def random_chunks(model: Model, max_sentences: int) -> int | None:
+    """The chunks random contexts are drawn over for ``model``: whole documents (None) for a
+    whole-document model, else ``max_sentences`` (the translator's; a window model such as
+    DocT with ``sentence_rows`` sees only its window, so any chunking gives it the same
+    context). Raises :class:`ContextUsageError` for a model without context."""
+    if model.whole_documents:
+        return None
+    if model.layout.sentence_level and model.context_sentences == 0:
+        raise ContextUsageError(
+            f"model {model.name!r} translates sentences alone: it has no context to replace"
+        )
+    return max_sentences
+
+
 def translate_with_random_context(
     translator: Translator, documents: Sequence[Document], seed: int
 ) -> tuple[list[list[str]], float]:
     """``documents`` translated with draw ``seed`` of random contexts (translations in the
     original order) and the share of sentences that had a foreign context."""
     model = translator.model
-    if model.layout.sentence_level:
-        raise ContextUsageError(
-            f"model {model.name!r} translates sentences alone: it has no context to replace"
-        )
-    max_sentences = None if model.whole_documents else translator.pipeline_config.max_sentences
-    corpus = random_context_corpus(documents, max_sentences, model.context_sentences, seed)
+    chunks = random_chunks(model, translator.pipeline_config.max_sentences)
+    corpus = random_context_corpus(documents, chunks, model.context_sentences, seed)
     hyps = corpus.gather(translator.translate(corpus.documents), [len(d) for d in documents])
     return hyps, float(np.mean(np.concatenate(corpus.foreign))) if documents else 1.0
 
@@ -364,10 +374,7 @@ def model_context_usage(
     """:func:`context_usage` of the translator's model (its search, chunks and window) with
     :func:`sentence_scorer` (sentences of at most ``max_len`` tokens, as in training)."""
     model = translator.model
-    if model.layout.sentence_level:
-        raise ContextUsageError(
-            f"model {model.name!r} translates sentences alone: it has no context to replace"
-        )
+    chunks = random_chunks(model, translator.pipeline_config.max_sentences)
     config = dataclasses.replace(
         translator.pipeline_config,
         max_src_len=max_len,
@@ -377,12 +384,11 @@ def model_context_usage(
         sequential_sentences=False,
     )
     scorer = sentence_scorer(model, translator.params, translator.tokenizer, config)
-    max_sentences = config.max_sentences
     return context_usage(
         documents,
         translator.translate,
         scorer,
-        None if model.whole_documents else max_sentences,
+        chunks,
         model.context_sentences,
         draws,
         seed,

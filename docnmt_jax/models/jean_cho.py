@@ -29,7 +29,10 @@ open, each tested in ``tests/test_jean_cho.py``:
   all padding and masked; attention over an empty key set is defined as zero,
   ``x_hat_c = 0``, so ``x_c = FF((1 - g) * x)`` with ``g = Linear([x; 0])``: the same
   parameters on every sentence, and the first sentence depends on ``X`` only.
-* Decoding: every sentence of a chunk is searched at once (layout ``CHUNKS``); ``x_c`` is
+* Layout: rows of whole chunks (``CHUNKS``) or, with ``sentence_rows``, of single sentences
+  each with its window (``SENTENCES``, DocT's option; less padding on real documents): the
+  same model, outputs and loss (tested).
+* Decoding: every sentence of a chunk is searched at once; ``x_c`` is
   computed once per sentence and the decoder is the Transformer's (its ``decode_inputs`` /
   ``decode_step`` over ``x_c``), so the shared beam search needs nothing new.
 * Pretraining: every parameter named as in the sentence Transformer (embedding, encoder,
@@ -69,10 +72,14 @@ GATES = ("sigmoid", "linear")
 class JeanChoConfig(TransformerConfig):
     """Transformer hyper-parameters plus the context length ``k`` (previous source sentences,
     1 in the paper) and the gate: ``"sigmoid"`` (footnote 1, default) or ``"linear"``
-    (unbounded, as printed in Appendix A)."""
+    (unbounded, as printed in Appendix A). ``sentence_rows``: batch rows are single sentences,
+    each with its ``k`` predecessors from the pipeline's context window (DocT's option: less
+    padding than chunks of 20 on real documents), instead of whole chunks; the same model and
+    outputs either way."""
 
     context_sentences: int = 1
     gate: str = "sigmoid"
+    sentence_rows: bool = False
 
     def __post_init__(self) -> None:
         if self.context_sentences < 1:
@@ -169,7 +176,10 @@ class JeanChoModel(BaseModel):
     sentence translated with its ``k`` preceding source sentences, all sentences at once."""
 
     module_class = JeanCho
-    layout = BatchLayout.CHUNKS
+
+    def __init__(self, config: JeanChoConfig, label_smoothing: float = 0.0):
+        super().__init__(config, label_smoothing)
+        self.layout = BatchLayout.SENTENCES if config.sentence_rows else BatchLayout.CHUNKS
 
     @property
     def context_sentences(self) -> int:
