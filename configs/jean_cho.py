@@ -19,4 +19,5 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.name = "jean_cho"  # docnmt_jax/models/jean_cho.py
     config.model.context_sentences = 1  # previous source sentences as context (the paper: 1)
     config.model.gate = "sigmoid"  # footnote 1's bounded gate; "linear": unbounded, as printed
+    config.model.sentence_rows = False  # True: rows of one sentence + its window (less padding)
     return config

@@ -2,7 +2,8 @@
 # Jean & Cho (2019)'s Table 1 on the Bible (issue 18, item 4), every row on the same budget:
 # the real target tokens of TOTAL_STEPS (450) steps of the packed sentence Transformer
 # (~0.9M), each row's steps from launch/steps_for_tokens.py on its own batch plan (the two
-# context objectives train on the [B, S, T] grid, data.packed=False). Rows:
+# context objectives train on the [B, S, T] grid, data.packed=False; Jean & Cho's model on
+# sentence rows, each sentence with its window: less padding than chunks). Rows:
 #   (a) transformer          the sentence Transformer
 #   (b) jean_cho_random      Jean & Cho's model, every context from another document
 #                            (objective random_context)
@@ -34,9 +35,11 @@ mkdir -p "$OUT"
 row_config() {  # ROW -> config file and its --config.KEY=VALUE overrides (one per line)
   case $1 in
     transformer) echo configs/transformer.py ;;
-    jean_cho_random) printf '%s\n' configs/jean_cho.py objective.name=random_context data.packed=False ;;
-    jean_cho) echo configs/jean_cho.py ;;
-    jean_cho_margin) printf '%s\n' configs/jean_cho.py objective.name=context_margin data.packed=False ;;
+    jean_cho_random) printf '%s\n' configs/jean_cho.py objective.name=random_context data.packed=False \
+      model.sentence_rows=True ;;
+    jean_cho) printf '%s\n' configs/jean_cho.py model.sentence_rows=True ;;
+    jean_cho_margin) printf '%s\n' configs/jean_cho.py objective.name=context_margin data.packed=False \
+      model.sentence_rows=True ;;
     final) echo configs/final.py ;;
     final_margin) printf '%s\n' configs/final.py objective.name=context_margin data.packed=False ;;
     *) echo "unknown row $1" >&2; exit 2 ;;
@@ -49,7 +52,7 @@ train_row() {
   config=${lines[0]}
   for item in "${lines[@]:1}"; do
     flags+=(--config."$item")
-    [[ $item == data.* ]] && sets+=(--set "$item")
+    sets+=(--set "$item")
   done
   if [ "$row" = transformer ]; then
     steps=$TOTAL
@@ -64,7 +67,9 @@ train_row() {
 }
 
 score_row() {
-  if [ "$1" = transformer ]; then  # no context: BLEU only (Table 1 row (a))
+  if [ -s "$OUT/$1/context/context.json" ] || [ -s "$OUT/$1/context/scores.json" ]; then
+    return
+  elif [ "$1" = transformer ]; then  # no context: BLEU only (Table 1 row (a))
     $PY launch/translate.py --workdir "$OUT/$1" --input "$DATA/test.tsv" --checkpoint latest \
       --output "$OUT/$1/context/hyp.true.tsv" --beam 5 --alpha 0.6
     $PY launch/evaluate.py --hyp "$OUT/$1/context/hyp.true.tsv" --ref "$DATA/test.tsv" --json \
