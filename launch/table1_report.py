@@ -89,6 +89,9 @@ def main() -> None:
         line = row_line(args.out, row, labels)
         if line is not None:
             print(line)
+    if labels is not None:
+        chance = context_accuracy({}, labels)["chance_level"]
+        print(f"\nlabelled words: {len(labels)}, chance level {chance:.3f}")
 
 
 if __name__ == "__main__":
