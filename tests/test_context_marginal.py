@@ -2,6 +2,7 @@
 random-context objective (Table 1 row (b)): layouts checked by brute force, the measures
 against hand-built expectations and sacreBLEU, the command lines end to end."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 import sacrebleu
 from conftest import ROOT, tiny_config
 
+from docnmt_jax.data import pipeline as P
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.schema import batch_from_grids
 from docnmt_jax.evaluation import context_marginal as cm
@@ -317,6 +319,52 @@ def test_a_window_model_measures_the_same_on_sentence_rows_and_chunks():
         cm.model_context_usage(
             Translator(model, params, WordTokenizer(), SearchConfig()), docs, 16, progress=False
         )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "doc2doc",  # one packed sequence a chunk
+        "hmgdc",  # whole documents
+        pytest.param("final", marks=pytest.mark.slow),  # slot by slot (the synthetic rows run it)
+    ],
+)
+def test_every_kind_of_document_model_is_measured(name):
+    """Chunk, whole-document and slot-by-slot models at random initialisation: every
+    sentence translated back in place for every draw, finite per-sentence Deltas that the
+    context moves, and a score of the true documents equal to the model's own loss."""
+    from test_doct import WordTokenizer, _documents
+
+    from docnmt_jax.decoding.search import SearchConfig
+    from docnmt_jax.decoding.translator import Translator
+
+    rng = np.random.default_rng(5)
+    raw = [
+        [(list(rng.integers(4, 40, 3)), list(rng.integers(4, 40, 3))) for _ in range(n)]
+        for n in (3, 5, 2, 4, 3, 6)
+    ]
+    docs = _documents(raw)
+    model = _tiny(name)
+    params = model.init(jax.random.PRNGKey(1), _grid_batch(rows=2, sentences=2))["params"]
+    translator = Translator(
+        model, params, WordTokenizer(), SearchConfig(beam_size=2, max_len=6), max_sentences=4
+    )
+    usage = cm.model_context_usage(translator, docs, 16, draws=2, progress=False)
+    assert [len(h) for h in usage.hypotheses_true] == [len(d) for d in docs]
+    assert all([len(h) for h in draw] == [len(d) for d in docs] for draw in usage.hypotheses_random)
+    assert np.all(np.isfinite(usage.delta_sentence)) and 0 < usage.coverage <= 1
+    assert np.abs(usage.delta_sentence[usage.covered]).max() > 1e-4  # the context counts
+    # Delta^D's true-context half: the summed scores equal the model's NLL on the same batches
+    config = dataclasses.replace(
+        translator.pipeline_config, max_src_len=16, max_tgt_len=16, sequential_sentences=False
+    )
+    logp, tokens = cm.sentence_scorer(model, params, translator.tokenizer, config)(docs)
+    plan = P.plan_batches(docs, translator.tokenizer.encode_batch, config)
+    nll = sum(
+        float(model.loss(params, b, None, False)[1]["nll"].total) for b in P.numpy_batches(plan)
+    )
+    np.testing.assert_allclose(-np.sum(np.concatenate(logp)), nll, rtol=1e-5)
+    assert int(np.sum(np.concatenate(tokens))) == sum(len(t) + 1 for d in raw for _, t in d)
 
 
 # -------------------------------------------------------------------------- command lines
