@@ -14,14 +14,8 @@
 set -euo pipefail
 OUT=${1:-runs/doct_bible}
 T4=${2:-runs/table4}
-TOTAL=${TOTAL_STEPS:-450}
-PRE=${PRETRAIN_STEPS:-150}
-DATA=${DATA:-data/bible}
-PY=${PYTHON:-python}
-common=(--config.data.data_dir="$DATA" --config.train.warmup_steps=150 --config.train.lr_scale=0.5
-  --config.train.eval_every=100000 --config.train.checkpoint_every=150 --config.train.dev_bleu=False
-  --config.train.best_metric=dev_loss --config.train.best_mode=min --config.train.seed=0
-  --config.data.tokenizer="$T4/pretrain_sentences/spm.model")
+source "$(dirname "$0")/bible_budget.sh"
+common=("${BIBLE_FLAGS[@]}" --config.data.tokenizer="$T4/pretrain_sentences/spm.model")
 mkdir -p "$OUT"
 if [ ! -d "$T4/pretrain_sentences/checkpoints" ]; then
   echo "$T4/pretrain_sentences: run bash launch/table4_bible.sh $T4 first" >&2

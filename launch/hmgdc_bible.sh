@@ -19,15 +19,9 @@ T4=${2:-runs/table4}
 shift $(($# < 2 ? $# : 2))
 ROWS=("${@:-document chunk finetune}")
 read -r -a ROWS <<< "${ROWS[*]}"
-TOTAL=${TOTAL_STEPS:-450}
-PRE=${PRETRAIN_STEPS:-150}
-DATA=${DATA:-data/bible}
-PY=${PYTHON:-python}
+source "$(dirname "$0")/bible_budget.sh"
 SPM="$T4/pretrain_sentences/spm.model"
-common=(--config.data.data_dir="$DATA" --config.train.warmup_steps=150 --config.train.lr_scale=0.5
-  --config.train.eval_every=100000 --config.train.checkpoint_every=150 --config.train.dev_bleu=False
-  --config.train.best_metric=dev_loss --config.train.best_mode=min --config.train.seed=0
-  --config.data.tokenizer="$SPM")
+common=("${BIBLE_FLAGS[@]}" --config.data.tokenizer="$SPM")
 mkdir -p "$OUT"
 if [ ! -d "$T4/pretrain_sentences/checkpoints" ]; then
   echo "$T4/pretrain_sentences: run bash launch/table4_bible.sh $T4 first" >&2

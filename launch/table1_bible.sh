@@ -22,14 +22,9 @@ WHAT=${2:-all}
 shift $(($# < 2 ? $# : 2))
 ROWS=("$@")
 [ ${#ROWS[@]} -eq 0 ] && ROWS=(transformer jean_cho_random jean_cho jean_cho_margin final final_margin)
-TOTAL=${TOTAL_STEPS:-450}
-DRAWS=${DRAWS:-3}
-DATA=${DATA:-data/bible}
-PY=${PYTHON:-python}
+source "$(dirname "$0")/bible_budget.sh"
 SPM="$OUT/transformer/spm.model"
-common=(--config.data.data_dir="$DATA" --config.train.warmup_steps=150 --config.train.lr_scale=0.5
-  --config.train.eval_every=100000 --config.train.checkpoint_every=150 --config.train.dev_bleu=False
-  --config.train.best_metric=dev_loss --config.train.best_mode=min --config.train.seed=0)
+common=("${BIBLE_FLAGS[@]}")
 mkdir -p "$OUT"
 
 row_config() {  # ROW -> config file and its --config.KEY=VALUE overrides (one per line)
@@ -67,17 +62,7 @@ train_row() {
 }
 
 score_row() {
-  if [ -s "$OUT/$1/context/context.json" ] || [ -s "$OUT/$1/context/scores.json" ]; then
-    return
-  elif [ "$1" = transformer ]; then  # no context: BLEU only (Table 1 row (a))
-    $PY launch/translate.py --workdir "$OUT/$1" --input "$DATA/test.tsv" --checkpoint latest \
-      --output "$OUT/$1/context/hyp.true.tsv" --beam 5 --alpha 0.6
-    $PY launch/evaluate.py --hyp "$OUT/$1/context/hyp.true.tsv" --ref "$DATA/test.tsv" --json \
-      > "$OUT/$1/context/scores.json"
-  else
-    $PY launch/evaluate.py --workdir "$OUT/$1" --checkpoint latest --ref "$DATA/test.tsv" \
-      --context_draws "$DRAWS" --out_dir "$OUT/$1/context" --beam 5 --alpha 0.6
-  fi
+  bash "$(dirname "$0")/context_rows.sh" "$OUT" "$DATA/test.tsv" "$1"
 }
 
 for row in "${ROWS[@]}"; do

@@ -63,13 +63,5 @@ for row in "${ROWS[@]}"; do
   if [ ! -d "$OUT/$row/checkpoints/$STEPS" ]; then
     $PY launch/train.py "${args[@]}" --workdir "$OUT/$row" "${tiny[@]}"
   fi
-  if [ "$row" = transformer ]; then  # no context: BLEU only (Table 1 row (a))
-    $PY launch/translate.py --workdir "$OUT/$row" --input "$DATA/test.tsv" --checkpoint latest \
-      --output "$OUT/$row/context/hyp.true.tsv" --beam 5 --alpha 0.6
-    $PY launch/evaluate.py --hyp "$OUT/$row/context/hyp.true.tsv" --ref "$DATA/test.tsv" --json \
-      > "$OUT/$row/context/scores.json"
-  else
-    $PY launch/evaluate.py --workdir "$OUT/$row" --checkpoint latest --ref "$DATA/test.tsv" \
-      --context_draws "$DRAWS" --out_dir "$OUT/$row/context" --beam 5 --alpha 0.6
-  fi
+  PYTHON="$PY" DRAWS="$DRAWS" bash "$(dirname "$0")/context_rows.sh" "$OUT" "$DATA/test.tsv" "$row"
 done

@@ -12,13 +12,8 @@
 # is not translated again. Results: OUT_DIR/<row>/test.scores.json and OUT_DIR/table4.md.
 set -euo pipefail
 OUT=${1:-runs/table4}
-TOTAL=${TOTAL_STEPS:-450}
-PRE=${PRETRAIN_STEPS:-150}
-DATA=${DATA:-data/bible}
-PY=${PYTHON:-python}
-common=(--config.data.data_dir="$DATA" --config.train.warmup_steps=150 --config.train.lr_scale=0.5
-  --config.train.eval_every=100000 --config.train.checkpoint_every=150 --config.train.dev_bleu=False
-  --config.train.best_metric=dev_loss --config.train.best_mode=min --config.train.seed=0)
+source "$(dirname "$0")/bible_budget.sh"
+common=("${BIBLE_FLAGS[@]}")
 mkdir -p "$OUT"
 
 $PY launch/train.py --config configs/transformer.py --workdir "$OUT/pretrain_sentences" \
