@@ -28,6 +28,8 @@ ROWS = {
     "jean_cho_random": "(b) Jean & Cho, random context in training",
     "jean_cho": "(c) Jean & Cho, true context",
     "jean_cho_margin": "(d) Jean & Cho, true context + margin regulariser",
+    "jean_cho_linear": "(c) Jean & Cho, linear gate (as printed), true context",
+    "jean_cho_linear_margin": "(d) Jean & Cho, linear gate, + margin regulariser",
     "final": "(c) FINAL, true context",
     "final_margin": "(d) FINAL, true context + margin regulariser",
 }

@@ -6,7 +6,9 @@
 # the tiny proof size (d 64, 2 heads, ffn 128, 2+2 layers, word-level vocabulary, no dropout),
 # STEPS (1,500) steps of 2,048-token batches, the same warm-up and learning rate. Rows as in
 # launch/table1_bible.sh: (a) transformer, (b) jean_cho_random, (c) jean_cho,
-# (d) jean_cho_margin, and FINAL as (c) final / (d) final_margin. Each run is then measured
+# (d) jean_cho_margin, and FINAL as (c) final / (d) final_margin; also (c)/(d) with the
+# unbounded gate printed in Appendix A (jean_cho_linear, jean_cho_linear_margin; not run by
+# default). Each run is then measured
 # with launch/evaluate.py --workdir (true context and DRAWS = 3 random contexts, beam 5)
 # into OUT/ROW/context/ and scored for the labelled words (launch/context_proof.py's scorer).
 #
@@ -55,6 +57,9 @@ for row in "${ROWS[@]}"; do
     jean_cho) args=(--config configs/jean_cho.py) ;;
     jean_cho_margin) args=(--config configs/jean_cho.py --config.objective.name=context_margin
       --config.data.packed=False) ;;
+    jean_cho_linear) args=(--config configs/jean_cho.py --config.model.gate=linear) ;;
+    jean_cho_linear_margin) args=(--config configs/jean_cho.py --config.model.gate=linear
+      --config.objective.name=context_margin --config.data.packed=False) ;;
     final) args=(--config configs/final.py) ;;
     final_margin) args=(--config configs/final.py --config.objective.name=context_margin
       --config.data.packed=False) ;;
