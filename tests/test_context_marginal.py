@@ -462,3 +462,34 @@ def test_evaluate_refuses_a_sentence_model_in_one_line(synthetic_dir, tmp_path):
         "evaluate.py: error: model 'transformer' translates sentences alone: it has no "
         "context to replace"
     )
+    r = _run(
+        "gate_stats.py", f"--workdir={workdir}", f"--tsv={os.path.join(synthetic_dir, 'test.tsv')}"
+    )
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert (
+        r.stderr.strip().splitlines()[-1].endswith("model 'transformer' is not jean_cho (no gate)")
+    )
+
+
+def test_gate_stats_counts_every_source_token_with_context(jean_cho_run, synthetic_dir):
+    from docnmt_jax.data import readers
+    from docnmt_jax.training import restore
+
+    tsv = os.path.join(synthetic_dir, "test.tsv")
+    r = _run("gate_stats.py", f"--workdir={jean_cho_run}", f"--tsv={tsv}", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(r.stdout)
+    _, tokenizer, _ = restore.load_model(jean_cho_run)
+    docs = readers.read_tsv(tsv)
+    # Every sentence but a document's first has a context; each token plus its EOS.
+    later = [s for d in docs for s in d.src[1:]]
+    first = [d.src[0] for d in docs]
+    count = sum(len(ids) + 1 for ids in tokenizer.encode_batch(later))
+    assert result["tokens_with_context"] == count
+    assert result["tokens_without_context"] == sum(
+        len(ids) + 1 for ids in tokenizer.encode_batch(first)
+    )
+    quantiles = list(result["gate_quantiles"].values())
+    assert 0.0 < quantiles[0] <= quantiles[-1] < 1.0  # sigmoid gate
+    shares = list(result["context_share_quantiles"].values())
+    assert 0.0 <= shares[0] <= result["context_share_mean"] <= shares[-1] <= 1.0

@@ -135,7 +135,9 @@ class JeanCho(transformer.Transformer):
         g = self.context_gate(jnp.concatenate([x, x_hat], axis=-1))
         if cfg.gate == "sigmoid":
             g = jax.nn.sigmoid(g)
-        self.sow("intermediates", "gate_values", g)
+        self.sow("intermediates", "gate_values", g)  # launch/gate_stats.py reads these three
+        self.sow("intermediates", "source_states", x)
+        self.sow("intermediates", "context_states", x_hat)
         h = g * self.context_dropout(x_hat, deterministic=cfg.deterministic) + (1.0 - g) * x
         x_c = self.context_ffn_block(h, self.context_ffn)
         x_c = self.context_norm(x_c) if cfg.pre_ln else x_c
