@@ -11,11 +11,11 @@
 #   (d) jean_cho_margin      ... and the context-aware margin regulariser (context_margin)
 #   final / final_margin     FINAL (Zheng et al. 2020) as (c) / (d)
 # Then launch/evaluate.py --workdir translates the test books with the true context and with
-# DRAWS (3) random contexts (beam 5, alpha 0.6, latest checkpoint) into OUT/ROW/context/ and
+# DRAWS (3) random contexts (beam BEAM (5), alpha 0.6, latest checkpoint) into OUT/ROW/context/ and
 # writes the scores (BLEU, context-marginalised BLEU, Delta_BLEU, Delta^D) and Fig. 1 there.
 #
 #   bash launch/table1_bible.sh [OUT_DIR] [train|score|all] [ROW ...]
-#        (env: TOTAL_STEPS=450 DRAWS=3 DATA=data/bible PYTHON=python)
+#        (env: TOTAL_STEPS=450 DRAWS=3 BEAM=5 DATA=data/bible PYTHON=python)
 set -euo pipefail
 OUT=${1:-runs/table1_bible}
 WHAT=${2:-all}
