@@ -12,13 +12,17 @@
 # with launch/evaluate.py --workdir (true context and DRAWS = 3 random contexts, beam 5)
 # into OUT/ROW/context/ and scored for the labelled words (launch/context_proof.py's scorer).
 #
-#   bash launch/table1_synthetic.sh [OUT_DIR] [ROW ...]   (env: STEPS=1500 DRAWS=3 PYTHON=python)
+#   bash launch/table1_synthetic.sh [OUT_DIR] [ROW ...]
+#        (env: STEPS=1500 LR_SCALE=1.0 SEED=0 DRAWS=3 PYTHON=python; SEED is the training seed,
+#        the data are always generated with seed 0)
 set -euo pipefail
 OUT=${1:-runs/table1_synthetic}
 shift $(($# < 1 ? $# : 1))
 ROWS=("$@")
 [ ${#ROWS[@]} -eq 0 ] && ROWS=(transformer jean_cho_random jean_cho jean_cho_margin final final_margin)
 STEPS=${STEPS:-1500}
+LR_SCALE=${LR_SCALE:-1.0}
+SEED=${SEED:-0}
 DRAWS=${DRAWS:-3}
 PY=${PYTHON:-python}
 DATA="$OUT/data"
@@ -44,10 +48,10 @@ tiny=(--config.data.data_dir="$DATA" --config.data.corpus=synthetic --config.dat
   --config.model.ffn_dim=128 --config.model.num_encoder_layers=2 --config.model.num_decoder_layers=2
   --config.model.dropout_rate=0.0 --config.model.attention_dropout_rate=0.0
   --config.model.relu_dropout_rate=0.0 --config.train.label_smoothing=0.0
-  --config.train.warmup_steps=300 --config.train.lr_scale=1.0 --config.train.num_steps="$STEPS"
+  --config.train.warmup_steps=300 --config.train.lr_scale="$LR_SCALE" --config.train.num_steps="$STEPS"
   --config.train.eval_every="$STEPS" --config.train.checkpoint_every="$STEPS"
   --config.train.dev_bleu=False --config.train.best_metric=dev_loss --config.train.best_mode=min
-  --config.train.seed=0)
+  --config.train.seed="$SEED")
 
 for row in "${ROWS[@]}"; do
   case $row in
