@@ -90,8 +90,7 @@ def test_random_corpus_keeps_positions_and_sees_only_other_documents(
                 else list(doc.src[:k] + doc.src[k + 1 :])
             )
             foreign = all(_where(s)[0] != d for s in seen)
-            if corpus.foreign[d][i]:
-                assert foreign, (d, i, seen)
+            assert corpus.foreign[d][i] == foreign, (d, i, seen)
     coverage = np.mean(np.concatenate(corpus.foreign))
     if len(lengths) > 20 and max_sentences is not None:
         assert coverage > 0.95  # forty documents: nearly every sentence gets a foreign context

@@ -28,9 +28,11 @@ context is laid out depends on the model):
 * A model with a context window (DocT, Jean & Cho) sees its window sentences as the first
   sentences of that document; they are translated too and their outputs dropped (the cost of
   ``K`` sentences a chunk). A chunk model (FINAL, doc2doc, HM-GDC) gets documents of one chunk.
-* A sentence whose new document still holds another sentence of its own document (a column
-  with a single chunk, e.g. the tail of the longest document for a whole-document model, or
-  two chunks of one document drawn into one row) has no foreign context: it is translated all
+* A sentence that still reads a sentence of its own document in its new row has no foreign
+  context. What it reads: a window model (``K > 0``: DocT, Jean & Cho) its ``K`` predecessors
+  in the row, any other model every other sentence of the row. (Cases: a column with a single
+  chunk, e.g. the tail of the longest document for a whole-document model; two chunks of one
+  document drawn into one row, adjacent for a window model.) It is translated all
   the same (BLEU covers every sentence) and left out of ``Delta^D`` and Fig. 1; ``coverage``
   reports the share of sentences with a foreign context in every draw. Of
   :data:`DRAW_ATTEMPTS` derangements a draw keeps the one with the most foreign sentences.
@@ -122,7 +124,9 @@ def random_context_corpus(
 ) -> RandomContextCorpus:
     """Draw ``seed`` of random contexts for ``documents`` (see the module docstring): chunks
     of ``max_sentences`` (None: whole documents) with ``context_sentences`` window sentences,
-    every column deranged among the chunks of other documents."""
+    every column deranged among the chunks of other documents. A sentence is foreign when
+    no sentence it reads is of its own document: with ``context_sentences`` K > 0 (a window
+    model: DocT, Jean & Cho) its K predecessors in the new row, else its whole new row."""
     from docnmt_jax.objectives.context_margin import derangement  # the objective's, reused
 
     K = context_sentences
@@ -142,6 +146,10 @@ def random_context_corpus(
             if where is not None:
                 cells[r, c] = where
     real = cells[..., 0] >= 0
+    # reads[c, c']: whether the sentence in cell c reads cell c' (a window model its K
+    # predecessors, any other model every other sentence of its row)
+    before = np.arange(width)[:, None] - np.arange(width)[None, :]
+    reads = (before >= 1) & (before <= K) if K else before != 0
     ident = np.array([next(w[0] for w in row if w is not None) for row in rows])
     best = None
     for key in jax.random.split(jax.random.PRNGKey(seed), DRAW_ATTEMPTS):
@@ -151,8 +159,9 @@ def random_context_corpus(
         origin = order[np.asarray(origin)]  # source rows, in the original numbering
         new_cells = cells[origin, np.arange(width)[None, :]]  # [rows in drawn order, width, 2]
         docs_here = np.where(real[order], new_cells[..., 0], -1)
-        # a sentence is foreign when no other sentence of its new row is of its own document
-        alone = np.sum(docs_here[:, :, None] == docs_here[:, None, :], axis=2) == 1
+        # foreign: no sentence it reads in its new row is of its own document
+        same = docs_here[:, :, None] == docs_here[:, None, :]  # [row, sentence, other cell]
+        alone = ~np.any(same & reads[None], axis=2)
         alone &= real[order] & (np.arange(width) >= K)[None, :]
         if best is None or alone.sum() > best[3].sum():
             best = (order, new_cells, docs_here, alone)
