@@ -6,6 +6,8 @@ Every key below can be overridden on the command line, e.g. ``--config.train.num
 
 import ml_collections
 
+from docnmt_jax import objectives
+
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
@@ -71,6 +73,10 @@ def get_config() -> ml_collections.ConfigDict:
     # Objective (docnmt_jax/objectives/): the learning algorithm wrapping the model's loss.
     config.objective = ml_collections.ConfigDict()
     config.objective.name = "maximum_likelihood"  # registered objective
+    # One section of options per registered objective, its defaults (only the named one is
+    # read): e.g. --config.objective.context_margin.alpha_data=2
+    for name, defaults in objectives.option_sections().items():
+        config.objective[name] = ml_collections.ConfigDict(defaults)
 
     # Device mesh (docnmt_jax/parallel.py): data x fsdp x model = all devices; -1 = the rest.
     config.mesh = ml_collections.ConfigDict()

@@ -32,6 +32,8 @@ ROWS = {
     "jean_cho_linear_margin": "(d) Jean & Cho, linear gate, + margin regulariser",
     "final": "(c) FINAL, true context",
     "final_margin": "(d) FINAL, true context + margin regulariser",
+    "final_grid": "(c) FINAL, true context, on the grid of (d)",
+    "final_margin_stopgrad": "(d) FINAL + margin regulariser, no gradient through random context",
 }
 
 

@@ -7,8 +7,10 @@
 # STEPS (1,500) steps of 2,048-token batches, the same warm-up and learning rate. Rows as in
 # launch/table1_bible.sh: (a) transformer, (b) jean_cho_random, (c) jean_cho,
 # (d) jean_cho_margin, and FINAL as (c) final / (d) final_margin; also (c)/(d) with the
-# unbounded gate printed in Appendix A (jean_cho_linear, jean_cho_linear_margin; not run by
-# default). Each run is then measured
+# unbounded gate printed in Appendix A (jean_cho_linear, jean_cho_linear_margin) and FINAL
+# trained by maximum likelihood on the [B, S, T] grid that the margin objective trains on
+# (final_grid: the same real target tokens a step as final_margin) and final_margin without
+# gradients through the random-context scores (final_margin_stopgrad); not run by default. Each run is then measured
 # with launch/evaluate.py --workdir (true context and DRAWS = 3 random contexts, beam 5)
 # into OUT/ROW/context/ and scored for the labelled words (launch/context_proof.py's scorer).
 #
@@ -67,6 +69,9 @@ for row in "${ROWS[@]}"; do
     final) args=(--config configs/final.py) ;;
     final_margin) args=(--config configs/final.py --config.objective.name=context_margin
       --config.data.packed=False) ;;
+    final_grid) args=(--config configs/final.py --config.data.packed=False) ;;
+    final_margin_stopgrad) args=(--config configs/final.py --config.objective.name=context_margin
+      --config.objective.context_margin.random_context_gradient=False --config.data.packed=False) ;;
     *) echo "unknown row $row" >&2; exit 2 ;;
   esac
   if [ ! -d "$OUT/$row/checkpoints/$STEPS" ]; then

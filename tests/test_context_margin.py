@@ -27,6 +27,8 @@ V = 19
 SMALL = dict(vocab_size=V, d_model=16, num_heads=2, ffn_dim=24)
 SMALL.update(num_encoder_layers=1, num_decoder_layers=1)
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def _batch(lengths, T=4, seed=0, doc_index=None):
     """Grid batch: ``lengths [B, S]`` target (and source) lengths, 0 = padding sentence."""
@@ -285,3 +287,52 @@ def test_the_trainer_builds_the_grid_for_the_objective(synthetic_dir, tmp_path):
     log = open(os.path.join(workdir, "train.log"), encoding="utf-8").read()
     assert "[B, S, T] grid" in log and "objective context_margin" in log
     assert "train/hinge_data=" in log and "train/margin_reg=" in log
+
+
+def test_options_from_the_config_section_of_the_named_objective():
+    import subprocess
+    import sys
+
+    from docnmt_jax.config_files import load_config
+
+    model = ContextIgnoringModel(TransformerConfig(**SMALL))
+    config = load_config(os.path.join(ROOT, "configs", "jean_cho.py"))
+    # every config carries the paper's defaults (Sec. 5) under objective.context_margin
+    section = dict(config.objective.context_margin)
+    assert section["alpha_token"] == section["alpha_data"] == 1.0
+    assert section["alpha_sentence"] == 0.0 and section["samples"] == 1
+    assert section["margin_data"] == pytest.approx(math.log(1.1))
+    assert section["margin_token"] == section["margin_sentence"] == 0.0
+    # the named objective reads its section; other objectives' sections are ignored
+    values = {
+        "name": "context_margin",
+        "context_margin": {**section, "samples": 3},
+        "random_context": {"seed": 9},
+    }
+    assert build_objective(values, model).options.samples == 3
+    assert build_objective({**values, "samples": 2}, model).options.samples == 2  # plain key wins
+    with pytest.raises(ObjectiveError, match="unknown keys"):
+        build_objective({**values, "context_margin": {"alpha": 1.0}}, model)
+    # and the command line reaches it (train.py's flags)
+    code = (
+        "import sys; from absl import flags; from ml_collections import config_flags; "
+        "f = config_flags.DEFINE_config_file('config'); flags.FLAGS(sys.argv); "
+        "print(f.value.objective.context_margin.alpha_data, f.value.objective.name)"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "--config",
+            os.path.join(ROOT, "configs", "final.py"),
+            "--config.objective.name=context_margin",
+            "--config.objective.context_margin.alpha_data=2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert out.stdout.split() == ["2.0", "context_margin"]

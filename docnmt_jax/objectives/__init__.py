@@ -18,6 +18,7 @@ from docnmt_jax.objectives.base import (
     Objective,
     ObjectiveError,
     build_objective,
+    option_sections,
     register_objective,
     registered_objectives,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "Objective",
     "ObjectiveError",
     "build_objective",
+    "option_sections",
     "register_objective",
     "registered_objectives",
 ]
