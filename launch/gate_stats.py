@@ -25,7 +25,7 @@ from tqdm import tqdm
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data import readers
 from docnmt_jax.data.documents import CorpusFormatError
-from docnmt_jax.training import restore
+from docnmt_jax.training import restore, trainer
 
 QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
 
@@ -57,15 +57,11 @@ def batch_gates(model, params, batch: dict) -> tuple[np.ndarray, np.ndarray]:
 def gate_statistics(model, params, tokenizer, docs: list, config) -> dict:
     """Quantiles of ``g`` and of the context share over the tokens of ``docs`` with context,
     the mean ``g`` of the tokens without one, and the token counts."""
-    pipeline = pipeline_lib.PipelineConfig(
-        max_sentences=config.data.max_sentences,
-        max_src_len=config.data.max_src_len,
-        max_tgt_len=config.data.max_tgt_len,
-        batch_src_tokens=config.data.eval_batch_tokens,
-        batch_tgt_tokens=config.data.eval_batch_tokens,
-        shuffle=False,
-        num_epochs=1,
-        pad_batch=True,
+    pipeline = trainer.pipeline_config(  # the run's evaluation batches (its grid, no packing)
+        config.data,
+        config.train.seed,
+        False,
+        model.layout.sentence_level,
         context_sentences=model.context_sentences,
     )
     plan = pipeline_lib.plan_batches(docs, tokenizer.encode_batch, pipeline)
