@@ -4,9 +4,9 @@ Train: ``python launch/train.py --config configs/transformer.py --workdir runs/t
 Every key below can be overridden on the command line, e.g. ``--config.train.num_steps=2000``.
 """
 
-import ml_collections
+import math
 
-from docnmt_jax import objectives
+import ml_collections
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -73,10 +73,20 @@ def get_config() -> ml_collections.ConfigDict:
     # Objective (docnmt_jax/objectives/): the learning algorithm wrapping the model's loss.
     config.objective = ml_collections.ConfigDict()
     config.objective.name = "maximum_likelihood"  # registered objective
-    # One section of options per registered objective, its defaults (only the named one is
-    # read): e.g. --config.objective.context_margin.alpha_data=2
-    for name, defaults in objectives.option_sections().items():
-        config.objective[name] = ml_collections.ConfigDict(defaults)
+    # Each objective's options in a section of its name (only the named objective's is read;
+    # the defaults equal the objectives' own, tests/test_context_margin.py checks).
+    config.objective.context_margin = ml_collections.ConfigDict()
+    config.objective.context_margin.alpha_token = 1.0  # Jean & Cho Eq. 3 alpha_tau, token hinge
+    config.objective.context_margin.alpha_sentence = 0.0  # alpha_s, sentence hinge (Sec. 5: 0)
+    config.objective.context_margin.alpha_data = 1.0  # alpha_d, data (= batch) hinge
+    config.objective.context_margin.margin_token = 0.0  # delta_tau, per token
+    config.objective.context_margin.margin_sentence = 0.0  # delta_s, per target token (T_n delta_s)
+    config.objective.context_margin.margin_data = math.log(1.1)  # delta_d, per target token
+    config.objective.context_margin.samples = 1  # M random contexts per sentence (Sec. 4.3)
+    config.objective.context_margin.random_context_gradient = True  # False: random scores fixed
+    config.objective.context_margin.seed = 0  # random contexts of the dev batches
+    config.objective.random_context = ml_collections.ConfigDict()
+    config.objective.random_context.seed = 0  # random contexts of the dev batches
 
     # Device mesh (docnmt_jax/parallel.py): data x fsdp x model = all devices; -1 = the rest.
     config.mesh = ml_collections.ConfigDict()

@@ -303,11 +303,18 @@ def test_options_from_the_config_section_of_the_named_objective():
     assert section["alpha_sentence"] == 0.0 and section["samples"] == 1
     assert section["margin_data"] == pytest.approx(math.log(1.1))
     assert section["margin_token"] == section["margin_sentence"] == 0.0
-    # the named objective reads its section; other objectives' sections are ignored
+    # the configs' sections are the objectives' own defaults (the config file writes them out)
+    from docnmt_jax.objectives import option_sections
+
+    written = {k: dict(v) for k, v in config.objective.items() if hasattr(v, "items")}
+    expected = {k: v for k, v in option_sections().items() if not k.startswith("toy_")}
+    assert written == expected
+    # the named objective reads its section; other sections (registered or not) are ignored
     values = {
         "name": "context_margin",
         "context_margin": {**section, "samples": 3},
         "random_context": {"seed": 9},
+        "not_registered_here": {"x": 1},
     }
     assert build_objective(values, model).options.samples == 3
     assert build_objective({**values, "samples": 2}, model).options.samples == 2  # plain key wins

@@ -4,11 +4,11 @@
 the objective cannot train that model (e.g. a context objective on a sentence model);
 ``loss(params, batch, rng, train) -> (loss, metrics)`` is what the trainer differentiates and
 logs, with the model's metric convention (:class:`~docnmt_jax.models.base.Metric`).
-``options`` come from ``config.objective.<name>`` (a section per registered objective with its
-defaults, :func:`option_sections`, so that ``--config.objective.context_margin.alpha_data=2``
-works on the command line) and from keys of ``config.objective`` itself (in Python); each
-objective declares its own in a frozen dataclass ``options_class`` so that an unknown key is
-an error naming it.
+``options`` come from ``config.objective.<name>`` (a section per objective with its
+defaults, written out in ``configs/transformer.py`` and equal to :func:`option_sections`, so
+that ``--config.objective.context_margin.alpha_data=2`` works on the command line) and from
+plain keys of ``config.objective`` itself (in Python); each objective declares its own in a
+frozen dataclass ``options_class`` so that an unknown key is an error naming it.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def registered_objectives() -> dict[str, type[Objective]]:
 
 def option_sections() -> dict[str, dict[str, Any]]:
     """``{objective name: its options' defaults}`` for every registered objective with
-    options: the ``config.objective.<name>`` sections of the configs."""
+    options: what the ``config.objective.<name>`` sections of the configs must hold."""
     sections = {}
     for name, cls in sorted(_OBJECTIVES.items()):
         defaults = dataclasses.asdict(cls.options_class())
@@ -93,14 +93,15 @@ def option_sections() -> dict[str, dict[str, Any]]:
 def build_objective(objective_config: Mapping[str, Any] | None, model: Model) -> Objective:
     """The objective ``objective_config['name']`` (default ``maximum_likelihood``) for
     ``model``; its options: the section ``objective_config[name]`` if present, updated with
-    the other plain keys (sections of other objectives are ignored)."""
+    the other plain keys (every other section is ignored)."""
     values = dict(objective_config or {})
     name = values.pop("name", "maximum_likelihood")
     if name not in _OBJECTIVES:
         raise ObjectiveError(
             f"config.objective.name: unknown objective {name!r}; registered: {sorted(_OBJECTIVES)}"
         )
-    sections = {key: values.pop(key) for key in list(values) if key in _OBJECTIVES}
+    # sections (dicts, ConfigDicts) hold objectives' options, registered in this process or not
+    sections = {key: values.pop(key) for key in list(values) if hasattr(values[key], "items")}
     values = {**dict(sections.get(name) or {}), **values}
     cls = _OBJECTIVES[name]
     fields = {f.name for f in dataclasses.fields(cls.options_class)}
