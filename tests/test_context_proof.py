@@ -147,6 +147,7 @@ HMGDC_TASK = dict(
 HMGDC_TRAINING = dict(context_proof.TINY, num_steps=300, lr_scale=0.25, warmup_steps=150)
 
 
+@pytest.mark.slow  # about 4 CPU minutes (the default suite's longest); `make test-slow`
 def test_hmgdc_uses_the_whole_document(tmp_path):
     data_dir = str(tmp_path / "data")
     synthetic.write_corpus(
