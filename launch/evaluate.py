@@ -27,6 +27,24 @@ that had a foreign context (:mod:`docnmt_jax.evaluation.context_marginal`). With
 scores (``context.json``) and Fig. 1 (``figure1.tsv``, ``figure1.png``) there. ``--hyp``
 then also scores that file as usual.
 
+**Contrastive test sets** (forced choice; Voita et al. 2019, ContraPro, Bawden et al. 2018)::
+
+    python launch/evaluate.py --contrastive voita|contrapro|bawden --data PATH \\
+        --workdir runs/NAME [--checkpoint best|latest|STEP] [--contrastive_langs SRC,TGT] [--json]
+
+scores every candidate of the set with the run's model (``model.score``, the instance's
+context sentences given as the model's document context) and prints the accuracy overall and
+per breakdown (Voita: ``ctx_dist``; ContraPro: reference pronoun and antecedent distance
+0/1/2/3/>3; Bawden: per set); an instance is right when its correct candidate scores strictly
+higher than every other. ``--data``: voita -- the JSON (or JSON Lines) file; contrapro --
+``contrapro.json``, with ``contrapro.{text,context}.{en,de}`` (from ContraPro's
+``json2text_and_context.pl``) beside it; bawden -- the ``test-sets`` directory (every
+``anaphora``/``lexical_choice`` set in it) or one set's prefix (``DIR/anaphora``). The result
+(with every candidate's score) is written to ``WORKDIR/contrastive/FORMAT.NAME.json``
+(``NAME``: ``--data``'s base name without ``.json``/``.jsonl``). Formats: see
+:mod:`docnmt_jax.data.contrastive_sets`. A malformed or missing file exits with status 2 and
+one line ``evaluate.py: error: FILE:LINE: reason``.
+
 ``--pronouns`` adds a "pronouns" section: precision, recall and F1 of clipped per-sentence
 pronoun matches against the reference, overall and per pronoun (case-insensitive whatever
 ``--lowercase`` says; not APT, see :mod:`docnmt_jax.evaluation.pronouns`). The pronouns are
@@ -39,13 +57,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 
 from absl import app, flags, logging
 
-from docnmt_jax.data import readers
+from docnmt_jax.data import contrastive_sets, readers
 from docnmt_jax.data.documents import CorpusFormatError
 from docnmt_jax.decoding.search import SearchConfig
-from docnmt_jax.evaluation import context_marginal
+from docnmt_jax.evaluation import context_marginal, contrastive
 from docnmt_jax.evaluation.metrics import evaluate_files, format_report, score_documents
 from docnmt_jax.evaluation.pronouns import PRONOUNS, pronoun_scores, read_pronoun_list
 from docnmt_jax.models import ModelError
@@ -74,7 +93,25 @@ flags.DEFINE_integer("beam", 5, "With --workdir: beam size (1 = greedy).")
 flags.DEFINE_float("alpha", 0.6, "With --workdir: length penalty exponent.")
 flags.DEFINE_integer("batch_tokens", 4096, "With --workdir: padded source tokens per batch.")
 flags.DEFINE_string("out_dir", None, "With --workdir: write translations, scores and Fig. 1.")
-flags.mark_flags_as_required(["ref"])
+flags.DEFINE_string(
+    "contrastive",
+    None,
+    "Score a contrastive test set with --workdir's model: voita, contrapro or bawden "
+    "(the set in --data; see above).",
+)
+flags.DEFINE_string(
+    "data",
+    None,
+    "With --contrastive: voita -- the JSON/JSON Lines file; contrapro -- contrapro.json with "
+    "its .text/.context files beside it; bawden -- the test-sets directory or a set's prefix.",
+)
+flags.DEFINE_string(
+    "contrastive_langs",
+    None,
+    "With --contrastive: SRC,TGT suffixes of the text files (default: contrapro en,de; "
+    "bawden en,fr).",
+)
+flags.DEFINE_integer("contrastive_rows", 32, "With --contrastive: candidates per batch.")
 
 
 def context_report(usage: context_marginal.ContextUsage, step: int) -> str:
@@ -143,10 +180,93 @@ def measure_context(pronouns: object) -> dict:
     return result
 
 
+def _write_json_atomically(path: str, value: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".contrastive-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(value, out, indent=2, ensure_ascii=False)
+            out.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def score_contrastive_set() -> dict:
+    """``--contrastive``: read the set, score it with the run's model, write the result."""
+    fmt = FLAGS.contrastive
+    if fmt not in contrastive_sets.READERS:
+        raise ValueError(
+            f"--contrastive: unknown format {fmt!r}; one of {', '.join(contrastive_sets.READERS)}"
+        )
+    if not FLAGS.data:
+        raise ValueError("--contrastive needs --data (the test set)")
+    if not FLAGS.workdir:
+        raise ValueError("--contrastive needs --workdir (the run whose model scores the set)")
+    langs = FLAGS.contrastive_langs.split(",") if FLAGS.contrastive_langs else None
+    instances = contrastive_sets.read_contrastive_set(fmt, FLAGS.data, langs)
+    model, tokenizer, config = restore.load_model(FLAGS.workdir)
+    params, step = restore.load_params(model, FLAGS.workdir, FLAGS.checkpoint)
+    scores = contrastive.instance_scores(
+        model,
+        params,
+        tokenizer,
+        instances,
+        max_sentences=config.data.max_sentences,
+        rows=FLAGS.contrastive_rows,
+    )
+    summary = contrastive.forced_choice_accuracy(instances, scores)
+    name = os.path.basename(os.path.normpath(FLAGS.data))
+    for ext in (".jsonl", ".json"):
+        name = name[: -len(ext)] if name.endswith(ext) else name
+    out_path = os.path.join(FLAGS.workdir, "contrastive", f"{fmt}.{name}.json")
+    result = {
+        "format": fmt,
+        "data": FLAGS.data,
+        "workdir": FLAGS.workdir,
+        "model": model.name,
+        "step": step,
+        "instances": len(instances),
+        "candidates": sum(len(inst.candidates) for inst in instances),
+        **summary,
+        "scores": [
+            {"where": inst.where, "correct": inst.correct, "log_probs": [float(x) for x in s]}
+            for inst, s in zip(instances, scores, strict=True)
+        ],
+    }
+    _write_json_atomically(out_path, result)
+    title = (
+        f"{fmt} contrastive set {FLAGS.data}: {result['instances']} instances, "
+        f"{result['candidates']} candidates; {model.name} of {FLAGS.workdir} (step {step})"
+    )
+    result["report"] = contrastive.format_forced_choice(summary, title) + f"\nwritten: {out_path}"
+    return result
+
+
+def contrastive_main() -> None:
+    """``--contrastive``: a user's mistake prints one line and exits with status 2."""
+    try:
+        result = score_contrastive_set()
+    except (CorpusFormatError, OSError, ValueError, ModelError) as e:
+        print(f"evaluate.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if FLAGS.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "report"}, indent=2))
+    else:
+        print(result["report"])
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
+    if FLAGS.contrastive is not None:
+        contrastive_main()
+        return
+    if not FLAGS.ref:
+        raise app.UsageError("--ref is required (or score a contrastive set: --contrastive)")
     if not FLAGS.hyp and not FLAGS.workdir:
         raise app.UsageError("give --hyp (score a translation) or --workdir (context use)")
     pronouns = source = None

@@ -12,6 +12,16 @@ Document models see the chunk holding the labelled sentence (sentences ``[c*S, (
 and a model with a context window (``model.context_sentences = K``, DocT) also the ``K``
 source sentences before the chunk, as the pipeline gives them (``context_src``); sentence
 models (``model.layout``: one sentence per row) see the sentence alone.
+
+**Published contrastive sets** (Voita et al. 2019, ContraPro, Bawden et al. 2018; readers in
+:mod:`docnmt_jax.data.contrastive_sets`): :func:`instance_scores` makes every instance one
+document per candidate -- the context sentences and the current one, source side from the
+instance, target side the candidate's (its target context teacher-forced) -- and takes the
+model's ``log p`` of the current (last) sentence; :func:`forced_choice_accuracy` counts an
+instance right when its correct candidate scores strictly higher than every other (a tie is
+wrong). The same views as above: a sentence model sees the current sentence alone, a chunk
+model the last ``max_sentences`` sentences of the document (all of them for a model of whole
+documents), a window model also the ``K`` source sentences before its chunk.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from docnmt_jax.data.contrastive_sets import ContrastiveInstance
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.schema import batch_from_grids
 from docnmt_jax.data.synthetic import ContextLabel
@@ -196,3 +207,150 @@ def _summary(tallies: Mapping[tuple[str, Any], list[int]]) -> dict[str, Any]:
             k[1]: _bucket(*tallies[k]) for k in sorted(t for t in tallies if t[0] == key)
         }
     return result
+
+
+# --------------------------------------------------------------- published contrastive sets
+
+
+def instance_items(
+    instances: Sequence[ContrastiveInstance],
+    tokenizer: Tokenizer,
+    max_sentences: int,
+    sentence_level: bool,
+    context_sentences: int = 0,
+    whole_documents: bool = False,
+) -> list[ContrastiveItem]:
+    """One item per candidate (``label`` = instance index): the chunk of the document
+    ``context + current sentence`` the model sees (see the module docstring), the current
+    sentence its last, the ``context_sentences`` source sentences before the chunk."""
+    eos = tokenizer.eos_id
+    items = []
+    for n, inst in enumerate(instances):
+        src_doc = [*inst.context_src, inst.src]
+        current = len(src_doc) - 1
+        if sentence_level:
+            lo = current
+        elif whole_documents:
+            lo = 0
+        else:
+            lo = max(0, len(src_doc) - max_sentences)
+        src = tuple(ids + [eos] for ids in tokenizer.encode_batch(src_doc[lo:]))
+        before = src_doc[max(0, lo - context_sentences) : lo] if context_sentences else []
+        context = tuple(ids + [eos] for ids in tokenizer.encode_batch(before))
+        for c, candidate in enumerate(inst.candidates):
+            tgt_doc = [*inst.context_tgt[c], candidate][lo:]
+            tgt = tuple(ids + [eos] for ids in tokenizer.encode_batch(tgt_doc))
+            items.append(ContrastiveItem(n, c, src, tgt, current - lo, context))
+    return items
+
+
+def _longest(items: Sequence[ContrastiveItem]) -> int:
+    return max(len(ids) for it in items for ids in it.src + it.tgt + it.context)
+
+
+def _instance_batches(
+    items: Sequence[ContrastiveItem], rows: int, sentences: int, bucket: int, context: int
+) -> Iterator[tuple[list[ContrastiveItem], dict[str, np.ndarray]]]:
+    """Batches ``[rows, sentences, T]`` holding whole instances (all candidates of one
+    together), instances in order of length, ``T`` the longest sentence rounded up to a
+    multiple of ``bucket`` (few distinct shapes: few compilations)."""
+    groups: dict[int, list[ContrastiveItem]] = {}
+    for item in items:
+        groups.setdefault(item.label, []).append(item)
+    chunk: list[ContrastiveItem] = []
+
+    def flush() -> tuple[list[ContrastiveItem], dict[str, np.ndarray]]:
+        length = -(-_longest(chunk) // bucket) * bucket
+        return chunk, grid_batch(chunk, rows, sentences, length, context)
+
+    for group in sorted(groups.values(), key=_longest):
+        if chunk and len(chunk) + len(group) > rows:
+            yield flush()
+            chunk = []
+        chunk = chunk + group
+    if chunk:
+        yield flush()
+
+
+def instance_scores(
+    model: Model,
+    params: Any,
+    tokenizer: Tokenizer,
+    instances: Sequence[ContrastiveInstance],
+    max_sentences: int = 20,
+    rows: int = 32,
+    bucket: int = 16,
+    scorer: Callable[[Any, dict[str, np.ndarray]], Any] | None = None,
+) -> list[np.ndarray]:
+    """Per instance, the model's ``log p`` of its current sentence with each candidate (in
+    candidate order), teacher-forced in the document of its context (:func:`instance_items`);
+    ``rows`` candidates per batch (at least the most candidates of one instance), sentence
+    lengths padded to multiples of ``bucket``. ``scorer(params, batch) -> [B, S]`` defaults to
+    the jitted ``model.score``."""
+    context = model.context_sentences
+    items = instance_items(
+        instances,
+        tokenizer,
+        max_sentences,
+        model.layout.sentence_level,
+        context,
+        model.whole_documents,
+    )
+    scores = [np.full(len(inst.candidates), np.nan) for inst in instances]
+    if not items:
+        return scores
+    sentences = max(len(item.src) for item in items)
+    rows = max([rows] + [len(inst.candidates) for inst in instances])
+    scorer = scorer or make_sentence_scorer(model)
+    for chunk, batch in _instance_batches(items, rows, sentences, bucket, context):
+        logp = np.asarray(scorer(params, batch))
+        for r, item in enumerate(chunk):
+            scores[item.label][item.candidate] = logp[r, item.segment]
+    return scores
+
+
+def _bucket_order(key: str) -> tuple[int, float, str]:
+    try:
+        return (0, float(key), key)
+    except ValueError:
+        return (1, 0.0, key)
+
+
+def forced_choice_accuracy(
+    instances: Sequence[ContrastiveInstance], scores: Sequence[np.ndarray]
+) -> dict[str, Any]:
+    """Share of instances whose correct candidate scores strictly higher than every other
+    (a tie or a NaN is wrong): ``accuracy``, ``correct``, ``total``, ``ties`` (instances lost
+    to a tie) and ``by_<attribute>`` ``{value: {accuracy, correct, total}}`` for every
+    attribute of the instances (values as strings)."""
+    tallies: dict[tuple[str, str], list[int]] = {}
+    ties = 0
+    for inst, by_candidate in zip(instances, scores, strict=True):
+        by_candidate = np.asarray(by_candidate, np.float64)
+        best_other = np.max(np.delete(by_candidate, inst.correct))
+        ok = int(bool(by_candidate[inst.correct] > best_other))
+        ties += int(bool(by_candidate[inst.correct] == best_other))
+        keys = [("", "")] + [(str(k), str(v)) for k, v in inst.attributes.items()]
+        for key in keys:
+            t = tallies.setdefault(key, [0, 0])
+            t[0] += ok
+            t[1] += 1
+    result: dict[str, Any] = _bucket(*tallies.get(("", ""), [0, 0]))
+    result["ties"] = ties
+    for name in sorted({k for k, _ in tallies if k}):
+        values = sorted((v for k, v in tallies if k == name), key=_bucket_order)
+        result[f"by_{name}"] = {v: _bucket(*tallies[(name, v)]) for v in values}
+    return result
+
+
+def format_forced_choice(result: Mapping[str, Any], title: str) -> str:
+    """A readable table of :func:`forced_choice_accuracy`: overall, then each breakdown."""
+
+    def row(label: str, b: Mapping[str, Any]) -> str:
+        return f"  {label:<16} {100 * b['accuracy']:6.2f}%  ({b['correct']}/{b['total']})"
+
+    lines = [title, row("overall", result) + f"; {result['ties']} lost to ties"]
+    for key in sorted(k for k in result if k.startswith("by_")):
+        lines.append(f"  by {key[3:]}:")
+        lines.extend(row(f"  {value}", b) for value, b in result[key].items())
+    return "\n".join(lines)
