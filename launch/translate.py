@@ -2,12 +2,17 @@
 
     python launch/translate.py --workdir runs/NAME --input FILE --output FILE \\
         [--beam 5 --alpha 0.6 --batch_tokens 4096 --checkpoint best|latest|STEP]
-        [--mesh DATA,FSDP,MODEL]
+        [--mesh DATA,FSDP,MODEL] [--sentences]
 
 Input: TSV ``doc_id<TAB>src[<TAB>tgt]`` (header optional) or plain text with a blank line
 between documents. Output: TSV ``doc_id<TAB>hyp`` with a header, one row per input sentence, in
 input order, detokenised. The input is streamed block by block, so memory does not grow with
 its size; sentences/s, tokens/s and the number of compilations are printed at the end.
+
+``--sentences`` translates every sentence as its own one-sentence document (no context:
+Zheng et al. 2020, Table 2; ``--block_documents`` then counts one-sentence documents); the
+output keeps the input's doc ids and order. ``launch/analyze.py single-sentence`` scores it
+against the document translation.
 
 ``--random_context_seed N`` translates a document model's input with draw ``N`` of random
 contexts (Jean & Cho 2019: every sentence sees only other documents' sentences, as
@@ -29,6 +34,7 @@ from docnmt_jax.data.documents import Document
 from docnmt_jax.data.readers import iter_source_documents
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.decoding.translator import Translator
+from docnmt_jax.evaluation.analysis import single_sentence_stream
 from docnmt_jax.evaluation.context_marginal import (
     ContextUsageError,
     translate_with_random_context,
@@ -49,6 +55,11 @@ _BLOCK = flags.DEFINE_integer("block_documents", 256, "Documents read and transl
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "best", "best, latest or a step number.")
 _RANDOM_SEED = flags.DEFINE_integer(
     "random_context_seed", None, "Translate with this draw of random contexts (document models)."
+)
+_SENTENCES = flags.DEFINE_bool(
+    "sentences",
+    False,
+    "Translate every sentence as its own one-sentence document (no context; Table 2).",
 )
 _MESH = flags.DEFINE_string(
     "mesh",
@@ -92,6 +103,8 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
+    if _SENTENCES.value and _RANDOM_SEED.value is not None:
+        raise app.UsageError("--sentences translates without context: no --random_context_seed")
     search = SearchConfig(
         beam_size=_BEAM.value,
         alpha=_ALPHA.value,
@@ -110,7 +123,11 @@ def main(argv: list[str]) -> None:
     except ModelError as e:  # the run's model cannot be built: one line, no traceback
         print(f"translate.py: error: {e}", file=sys.stderr)
         sys.exit(2)
-    print(f"translating {_INPUT.value} with {_WORKDIR.value} step {step}, beam {search.beam_size}")
+    alone = ", every sentence alone" if _SENTENCES.value else ""
+    print(
+        f"translating {_INPUT.value} with {_WORKDIR.value} step {step}, beam "
+        f"{search.beam_size}{alone}"
+    )
     documents = ((doc_id, sents) for doc_id, sents, _ in iter_source_documents(_INPUT.value))
     if _RANDOM_SEED.value is not None:
         documents = random_context_stream(translator, list(documents), _RANDOM_SEED.value)
@@ -118,11 +135,12 @@ def main(argv: list[str]) -> None:
     tmp = _OUTPUT.value + ".partial"
     with open(tmp, "w", encoding="utf-8", newline="\n") as out, tqdm(unit="doc") as bar:
         out.write("doc_id\thyp\n")
-        stream = (
-            documents
-            if _RANDOM_SEED.value is not None
-            else translator.translate_stream(documents, _BLOCK.value)
-        )
+        if _RANDOM_SEED.value is not None:
+            stream = documents
+        elif _SENTENCES.value:
+            stream = single_sentence_stream(translator, documents, _BLOCK.value)
+        else:
+            stream = translator.translate_stream(documents, _BLOCK.value)
         for doc_id, hyps in stream:
             for hyp in hyps:
                 out.write(f"{doc_id}\t{hyp.replace(chr(9), ' ')}\n")

@@ -23,6 +23,13 @@ see only the :class:`Model` protocol:
 * ``translate(params, batch, search) -> (ids [B, S, L], aux)``: pure, jit-able search; models
   of the slot-by-slot layout implement the hooks ``search_inputs``/``search_slot`` instead
   (:mod:`docnmt_jax.decoding.search`).
+* ``sentence_attention(params, batch) -> [B, S, S]`` (optional): the sentence-to-sentence
+  attention of Zheng et al. (2020), Fig. 4, ``alpha^kappa_k = 1/|x_k| sum_i sum_j
+  alpha^{kappa,j}_{k,i}`` of the model's attention across sentences (heads averaged): row
+  ``k`` (attending sentence) over columns ``kappa`` (attended sentences of the chunk), 0 on
+  padding sentences. Models without attention across sentences raise :class:`ModelError`
+  (the default); :func:`captured_attention` and :func:`sentence_pair_attention` implement it
+  for a model from its token-level weights.
 
 :class:`BaseModel` provides ``init``, the train/eval flax modules (``deterministic`` False /
 True), the forward pass, ``loss`` and ``score`` through one hook, :meth:`BaseModel.rows`:
@@ -148,6 +155,8 @@ class Model(Protocol):
     def translate(
         self, params: PyTree, batch: Batch, search: Any
     ) -> tuple[Array, dict[str, Array]]: ...
+
+    def sentence_attention(self, params: PyTree, batch: Batch) -> Array: ...
 
 
 class BaseModel:
@@ -275,6 +284,14 @@ class BaseModel:
             return scan_slots(self, params, batch, search)
         raise NotImplementedError(f"{type(self).__name__} must implement translate")
 
+    def sentence_attention(self, params: PyTree, batch: Batch) -> Array:
+        """Sentence-to-sentence attention ``[B, S, S]`` of a grid batch (Zheng et al. 2020,
+        Fig. 4; module docstring); default: the model has none (:class:`ModelError`)."""
+        raise ModelError(
+            f"model {self.name!r} has no attention across sentences (sentence_attention is "
+            "defined for final, doc2doc, hmgdc, rnnsearch_hmgdc, doct and jean_cho)"
+        )
+
 
 #: The positional inputs of every model's module, in order; :meth:`BaseModel.rows` may add
 #: keyword inputs (:func:`module_options`).
@@ -304,6 +321,52 @@ def require_grid(batch: Mapping[str, Any], what: str) -> None:
             f"{what} needs a [B, S, T] grid batch, got packed rows; build the batches with "
             "PipelineConfig(packing=None)"
         )
+
+
+def captured_attention(run: Callable[[], Any], path: tuple[str, ...]) -> tuple[Any, Array]:
+    """``(run(), weights)``: the attention weights ``[B, H, Tq, Tk]`` (before dropout) of the
+    one call of :meth:`~docnmt_jax.models.layers.MultiHeadAttention.attend` made by the
+    attention module at parameter ``path`` (e.g. ``("encoder_layers_3", "self_attention")``)
+    while ``run`` applies a module. The call is intercepted (``flax.linen.intercept_methods``)
+    to return its weights too; nothing else changes. Raises RuntimeError unless that module
+    attends exactly once."""
+    found: list[Array] = []
+
+    def interceptor(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
+        if context.method_name != "attend" or tuple(context.module.path) != path:
+            return next_fun(*args, **kwargs)
+        args, kwargs = list(args), dict(kwargs)
+        if len(args) > 4:  # attend(q, k, v, mask, return_weights, heads_major)
+            asked, args[4] = args[4], True
+        else:
+            asked, kwargs["return_weights"] = kwargs.get("return_weights", False), True
+        out, weights = next_fun(*args, **kwargs)
+        found.append(weights)
+        return (out, weights) if asked else out
+
+    with nn.intercept_methods(interceptor):
+        result = run()
+    if len(found) != 1:
+        raise RuntimeError(f"attention {'/'.join(path)} attended {len(found)} times, not once")
+    return result, found[0]
+
+
+def sentence_pair_attention(
+    weights: Array, query_sentence: Array, key_sentence: Array, num_sentences: int
+) -> Array:
+    """Zheng et al. (2020), Fig. 4: ``alpha^kappa_k = 1/|x_k| sum_{i in k} sum_{j in kappa}
+    alpha_{i,j}`` per row of token weights ``[R, H, Lq, Lk]`` (averaged over the heads H).
+    ``query_sentence [R, Lq]`` / ``key_sentence [R, Lk]``: each token's sentence in ``0 ..
+    S-1``, -1 for tokens left out (padding queries; keys outside the matrix). Returns ``[R, S,
+    S]``; a sentence's row sums to its queries' mean weight on the keys kept (1 when every
+    real key is kept), 0 for a sentence without queries."""
+    w = jnp.mean(weights.astype(jnp.float32), axis=1)
+    query = jax.nn.one_hot(query_sentence, num_sentences, dtype=jnp.float32)  # -1: zeros
+    key = jax.nn.one_hot(key_sentence, num_sentences, dtype=jnp.float32)
+    per_key_sentence = jnp.einsum("rqk,rkc->rqc", w, key)
+    total = jnp.einsum("rqs,rqc->rsc", query, per_key_sentence)
+    count = jnp.sum(query, axis=1)  # |x_k|
+    return total / jnp.maximum(count, 1.0)[..., None]
 
 
 def sequence_log_likelihood(logits: Array, targets: Array, mask: Array) -> Array:

@@ -19,6 +19,10 @@ chunk's target sentences as one sequence.
   sentence count is returned for the translator's mismatch statistics.
 * Scoring (:meth:`Doc2DocModel.score`): a sentence's log-likelihood is the sum over its packed
   target tokens, its separator (or the chunk's final EOS) included.
+* Sentence-to-sentence attention (:meth:`Doc2DocModel.sentence_attention`, Zheng et al.'s
+  Fig. 4 for the baseline): the last encoder layer's self-attention over the packed chunk,
+  heads averaged, summed over the key sentence's tokens and averaged over the query
+  sentence's tokens.
 
 Decisions beyond the paper: a chunk's output budget is the sum of the budgets its sentences
 would get one by one (:func:`chunk_output_limits`), separators included; real sentences are
@@ -38,7 +42,15 @@ from docnmt_jax.data.schema import is_packed
 from docnmt_jax.data.tokenized import PackingConfig, PipelineConfig
 from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from docnmt_jax.decoding.search import SearchConfig, search_rows, source_length_limits
-from docnmt_jax.models.base import BaseModel, BatchLayout, ModelError, register, require_grid
+from docnmt_jax.models.base import (
+    BaseModel,
+    BatchLayout,
+    ModelError,
+    captured_attention,
+    register,
+    require_grid,
+    sentence_pair_attention,
+)
 from docnmt_jax.models.transformer import Transformer, TransformerConfig, packed_rows
 
 Array = jax.Array
@@ -235,6 +247,25 @@ class Doc2DocModel(BaseModel):
         packed_sentence, _ = pack_tokens(sentence, batch["tgt_mask"])  # [B, S*T]
         onehot = jax.nn.one_hot(packed_sentence, S, dtype=jnp.float32)
         return jnp.einsum("bl,bls->bs", token, onehot)
+
+    def sentence_attention(self, params: Any, batch: dict[str, Array]) -> Array:
+        """Sentence-to-sentence attention ``[B, S, S]`` (Zheng et al. 2020, Fig. 4) of the
+        last encoder layer's self-attention over the packed chunk, heads averaged:
+        ``alpha^kappa_k`` = the mean over sentence ``k``'s real tokens of their summed weights
+        on sentence ``kappa``'s tokens (EOS included). Rows of real sentences sum to 1;
+        padding sentences give 0."""
+        require_grid(batch, "sentence_attention")
+        B, S, T = batch["src"].shape
+        self._check_length(S * T)
+        src, packed_mask = pack_tokens(batch["src"], batch["src_mask"])
+        number = jnp.broadcast_to(jnp.arange(1, S + 1, dtype=jnp.int32)[None, :, None], (B, S, T))
+        sentence = pack_tokens(number, batch["src_mask"])[0] - 1  # [B, S*T]; padding -1
+        module = self.eval_module
+        path = (f"encoder_layers_{self.config.num_encoder_layers - 1}", "self_attention")
+        _, weights = captured_attention(
+            lambda: module.apply({"params": params}, src, packed_mask, method=module.encode), path
+        )
+        return sentence_pair_attention(weights, sentence, sentence, S)
 
     def translate(
         self, params: Any, batch: dict[str, Array], search: SearchConfig

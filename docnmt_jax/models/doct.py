@@ -39,6 +39,10 @@ leaves open, each reading below is tested in ``tests/test_doct.py``):
   each with its window from the pipeline's ``context_src``); the context states are encoded
   once and each decoder layer's context keys/values are projected once per sentence and
   shared by its beams, like cross-attention.
+* Sentence-to-sentence attention (Zheng et al. 2020's Fig. 4, :meth:`DocTModel.
+  sentence_attention`): the last encoder layer's context attention, per window slot; the
+  matrix covers the window only (a sentence attends to its ``k`` predecessors, never to
+  itself or later sentences).
 * Ablations (Tables 1, 2, 7, 8, 9) are config switches of this one module:
   ``context_sentences``, ``num_context_layers``, two-step vs joint (``configs/doct.py`` vs
   ``configs/doct.py:two_step``), ``context_in_encoder``/``context_in_decoder`` and
@@ -68,10 +72,12 @@ from docnmt_jax.models.base import (
     BaseModel,
     BatchLayout,
     ModelError,
+    captured_attention,
     random_context_batch,
     register,
     require_context_somewhere,
     require_grid,
+    sentence_pair_attention,
 )
 from docnmt_jax.models.transformer import Cache, TransformerConfig
 
@@ -379,6 +385,26 @@ def context_windows(batch: dict[str, Array], k: int) -> tuple[Array, Array]:
     return tuple(w.reshape(B * S, k * T) for w in windows)  # type: ignore[return-value]
 
 
+def window_sentence_attention(
+    weights: Array, src_mask: Array, context_mask: Array, shape: tuple[int, int], k: int
+) -> Array:
+    """Zheng et al. (2020)'s Fig. 4 matrix ``[B, S, S]`` of a window model's context attention
+    ``weights [B*S, H, T, k*T]`` (sentence rows of :func:`rows_with_context`, ``shape = (B,
+    S)``): row ``s`` attends to its window, whose slot ``j`` (tokens ``j*T .. j*T+T-1``) is
+    sentence ``s - k + j`` of the chunk (:func:`context_windows`). Weight on sentences before
+    the chunk (``context_src``) has no column; rows without a context (a document's first
+    sentence: the model skips the attention) are 0."""
+    B, S = shape
+    T = src_mask.shape[-1]
+    row = jnp.tile(jnp.arange(S), B)  # sentence slot of each row
+    present = jnp.any(context_mask > 0, axis=-1)
+    query = jnp.where((src_mask > 0) & present[:, None], row[:, None], -1)
+    key = row[:, None] - k + jnp.arange(k * T)[None, :] // T
+    key = jnp.where((context_mask > 0) & (key >= 0), key, -1)
+    per_row = sentence_pair_attention(weights, query, key, S)  # [B*S, S, S], row s only
+    return per_row.reshape(B, S, S, S).sum(axis=1)
+
+
 @register("doct", config=DocTConfig, flops=flops.doct_terms)
 class DocTModel(BaseModel):
     """DocT behind the model interface: chunks in, every sentence translated with its
@@ -431,6 +457,40 @@ class DocTModel(BaseModel):
         )
         out["origin_row"] = shuffled["origin_row"][:, K:]
         return out
+
+    def sentence_attention(self, params: Any, batch: dict[str, Array]) -> Array:
+        """Sentence-to-sentence attention ``[B, S, S]`` (Zheng et al. 2020, Fig. 4) of the last
+        encoder layer's context attention (Eq. 12) over the ``k`` previous sentences' context
+        states (:func:`window_sentence_attention`): a row sums to 1 over its window inside the
+        chunk, a document's first sentence has none (0). Without ``context_in_encoder``
+        (Table 8's decoder-only row) it raises :class:`ModelError`."""
+        cfg = self.config
+        if not cfg.context_in_encoder:
+            raise ModelError(
+                f"model {self.name!r} with context_in_encoder=False has no encoder context "
+                "attention: no sentence-to-sentence attention (Fig. 4)"
+            )
+        rows = self.rows(batch)
+        module = self.eval_module
+        path = (f"encoder_layers_{cfg.num_encoder_layers - 1}", "context_attention")
+        _, weights = captured_attention(
+            lambda: module.apply(
+                {"params": params},
+                rows["src"],
+                rows["src_mask"],
+                rows["context"],
+                rows["context_mask"],
+                method=module.encode,
+            ),
+            path,
+        )
+        return window_sentence_attention(
+            weights,
+            rows["src_mask"],
+            rows["context_mask"],
+            batch["src"].shape[:2],
+            cfg.context_sentences,
+        )
 
     def translate(
         self, params: Any, batch: dict[str, Array], search: SearchConfig

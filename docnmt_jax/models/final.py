@@ -727,8 +727,16 @@ class FinalModel(BaseModel):
             )
 
     def sentence_attention(self, params: Any, batch: dict[str, Array]) -> Array:
-        """Sentence-to-sentence attention of the global layer, ``[B, S, S]`` (Fig. 4)."""
+        """Sentence-to-sentence attention of the global layer, ``[B, S, S]`` (Fig. 4): the
+        segment-level relative attention (Eq. 1) over the chunk, heads averaged
+        (:meth:`Final.sentence_attention`). Rows without the global layer (Table 3's
+        ``segment_relative_attention = False``) raise :class:`ModelError`."""
         require_grid(batch, "sentence_attention")
+        if not self.config.segment_relative_attention:
+            raise ModelError(
+                f"model {self.name!r} with segment_relative_attention=False has no global "
+                "layer: no sentence-to-sentence attention (Fig. 4)"
+            )
         module = self.eval_module
         return module.apply(
             {"params": params}, batch["src"], batch["src_mask"], method=module.sentence_attention

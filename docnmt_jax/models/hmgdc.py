@@ -47,6 +47,9 @@ No public implementation exists; every reading below follows the equations and i
   DocEnc-Decoder attention run over the batch's slots masked by document number, so the
   loss and gradients are the grid's (``tests/test_hmgdc_packed.py``). The ``[B, S, T]`` grid
   (one document a row) stays the layout of decoding and ``score``.
+* Sentence-to-sentence attention (Zheng et al. 2020's Fig. 4, :meth:`HMGDCModel.
+  sentence_attention`): Eq. 5-6's attention of every word over the document states, one key
+  per sentence, averaged over the sentence's words and the heads.
 * Decoding: the context is source-only, so all sentences of a document are searched at once;
   the document states are encoded once and each decoder layer's DocEnc-Decoder keys/values
   are projected once per document and shared by its sentences and beams.
@@ -80,9 +83,12 @@ from docnmt_jax.models.base import (
     BaseModel,
     BatchLayout,
     Metric,
+    ModelError,
+    captured_attention,
     register,
     require_context_somewhere,
     require_grid,
+    sentence_pair_attention,
 )
 from docnmt_jax.models.transformer import Cache, TransformerConfig, packed_rows
 
@@ -397,6 +403,19 @@ class HMGDC(transformer.Transformer):
         return self._output(y)[:, 0], new_cache
 
 
+def document_state_attention(weights: Array, src_mask: Array) -> Array:
+    """Zheng et al. (2020)'s Fig. 4 matrix ``[B, S, S]`` of Eq. 5-6's attention ``weights [B,
+    H, S*T, S]`` (every word of a row's ``S`` sentences over the row's ``S`` document states,
+    one key per sentence) for sources ``src_mask [B, S, T]``: the mean over sentence ``k``'s
+    real words of their weight on state ``kappa``, heads averaged."""
+    B, S, T = src_mask.shape
+    number = jnp.broadcast_to(jnp.arange(S)[None, :, None], (B, S, T))
+    query = jnp.where(src_mask > 0, number, -1).reshape(B, S * T)
+    present = jnp.any(src_mask > 0, axis=-1)
+    key = jnp.where(present, jnp.arange(S)[None, :], -1)
+    return sentence_pair_attention(weights, query, key, S)
+
+
 @register("hmgdc", config=HMGDCConfig, flops=flops.hmgdc_terms)
 class HMGDCModel(BaseModel):
     """HM-GDC behind the model interface: whole documents in (or chunks, with the chunk
@@ -444,6 +463,30 @@ class HMGDCModel(BaseModel):
     def transformer_rules(self) -> list[tuple[str, str]]:
         """``theta_s`` from the sentence Transformer's identical paths; ``theta_d`` fresh."""
         return [(DOCUMENT_PARAMETERS, "skip"), (r"(.*)", r"\1")]
+
+    def sentence_attention(self, params: Any, batch: dict[str, Array]) -> Array:
+        """Sentence-to-sentence attention ``[B, S, S]`` (Zheng et al. 2020, Fig. 4) of the
+        encoder's global-context attention (Eq. 5-6): word ``h_{k,i}`` over the document
+        states ``H_S``, one key per sentence, so ``alpha^kappa_k`` is the mean over sentence
+        ``k``'s real words of their weight on ``H_{S_kappa}`` (heads averaged). ``H_S`` has
+        passed the document encoder, so a state mixes sentences; the matrix covers the row
+        (the whole document with ``document_scope``). Rows of real sentences sum to 1.
+        Without ``context_in_encoder`` (Table 2's decoder-only rows) it raises
+        :class:`ModelError`."""
+        require_grid(batch, "sentence_attention")
+        if not self.config.context_in_encoder:
+            raise ModelError(
+                f"model {self.name!r} with context_in_encoder=False has no encoder context "
+                "attention: no sentence-to-sentence attention (Fig. 4)"
+            )
+        module = self.eval_module
+        _, weights = captured_attention(
+            lambda: module.apply(
+                {"params": params}, batch["src"], batch["src_mask"], method=module.encode
+            ),
+            ("context_attention",),
+        )  # [B, H, S*T, S]: the S sentence rows of a document attend as one group
+        return document_state_attention(weights, batch["src_mask"])
 
     def translate(
         self, params: Any, batch: dict[str, Array], search: SearchConfig

@@ -35,6 +35,9 @@ open, each tested in ``tests/test_jean_cho.py``:
 * Decoding: every sentence of a chunk is searched at once; ``x_c`` is
   computed once per sentence and the decoder is the Transformer's (its ``decode_inputs`` /
   ``decode_step`` over ``x_c``), so the shared beam search needs nothing new.
+* Sentence-to-sentence attention (Zheng et al. 2020's Fig. 4, :meth:`JeanChoModel.
+  sentence_attention`): the weights of ``Attn`` per context sentence; the matrix covers the
+  window only.
 * Pretraining: every parameter named as in the sentence Transformer (embedding, encoder,
   decoder) is filled from a Transformer checkpoint (:meth:`JeanChoModel.transformer_rules`);
   :data:`CONTEXT_PARAMETERS` (attention, gate, FF) start fresh.
@@ -58,7 +61,7 @@ from docnmt_jax.decoding.search import (
     sentence_limits,
 )
 from docnmt_jax.models import doct, layers, transformer
-from docnmt_jax.models.base import BaseModel, BatchLayout, register
+from docnmt_jax.models.base import BaseModel, BatchLayout, captured_attention, register
 from docnmt_jax.models.transformer import TransformerConfig
 
 Array = jax.Array
@@ -201,6 +204,32 @@ class JeanChoModel(BaseModel):
         """Every sentence with context sentences from other rows (Sec. 4.3, 5): the chunk and
         its ``context_src`` rotated together, as DocT's (the same context windows)."""
         return doct.DocTModel.with_random_context(self, batch, rng)  # type: ignore[arg-type]
+
+    def sentence_attention(self, params: Any, batch: dict[str, Array]) -> Array:
+        """Sentence-to-sentence attention ``[B, S, S]`` (Zheng et al. 2020, Fig. 4) of
+        ``x_hat_c = Attn(q = x; k, v = c)`` over the ``k`` previous sentences
+        (:func:`~.doct.window_sentence_attention`): a row sums to 1 over its window inside the
+        chunk, a document's first sentence has none (0)."""
+        rows = self.rows(batch)
+        module = self.eval_module
+        _, weights = captured_attention(
+            lambda: module.apply(
+                {"params": params},
+                rows["src"],
+                rows["src_mask"],
+                rows["context"],
+                rows["context_mask"],
+                method=module.encode,
+            ),
+            ("context_attention",),
+        )
+        return doct.window_sentence_attention(
+            weights,
+            rows["src_mask"],
+            rows["context_mask"],
+            batch["src"].shape[:2],
+            self.config.context_sentences,
+        )
 
     def translate(
         self, params: Any, batch: dict[str, Array], search: SearchConfig

@@ -96,7 +96,14 @@ from docnmt_jax.decoding.search import (
     sentence_limits,
 )
 from docnmt_jax.models import layers
-from docnmt_jax.models.base import BaseModel, BatchLayout, register, require_grid
+from docnmt_jax.models.base import (
+    BaseModel,
+    BatchLayout,
+    captured_attention,
+    register,
+    require_grid,
+)
+from docnmt_jax.models.hmgdc import document_state_attention
 from docnmt_jax.models.transformer import sentence_rows
 
 Array = jax.Array
@@ -610,6 +617,20 @@ class RNNSearchHMGDCModel(BaseModel):
         """From an ``rnnsearch`` checkpoint (the sentence model of the two-step training):
         ``theta_s`` from identical paths, ``theta_d`` fresh."""
         return [(DOCUMENT_PARAMETERS, "skip"), (r"(.*)", r"\1")]
+
+    def sentence_attention(self, params: Any, batch: dict[str, Array]) -> Array:
+        """Sentence-to-sentence attention ``[B, S, S]`` (Zheng et al. 2020, Fig. 4) of Eq.
+        5-6's attention of every word over the document states ``H_S``
+        (:func:`~.hmgdc.document_state_attention`, as :class:`~.hmgdc.HMGDCModel`)."""
+        rows = self.rows(batch)
+        module = self.eval_module
+        _, weights = captured_attention(
+            lambda: module.apply(
+                {"params": params}, rows["src"], rows["src_mask"], method=module.encode
+            ),
+            ("context_attention",),
+        )
+        return document_state_attention(weights, batch["src_mask"])
 
     def translate(
         self, params: Any, batch: dict[str, Array], search: SearchConfig

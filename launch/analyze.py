@@ -1,0 +1,221 @@
+"""Zheng et al. (2020)'s analyses of a trained run, for any registered model.
+
+    python launch/analyze.py context-curve --workdir RUN --input TEST.tsv \\
+        [--sizes 0,1,2,4,8,16,20] [--beam 5 --alpha 0.6 --checkpoint best] [--out DIR]
+    python launch/analyze.py attention --workdir RUN --input TEST.tsv --doc DOC_ID \\
+        [--chunk 0] [--checkpoint best] [--out DIR]
+    python launch/analyze.py single-sentence --workdir RUN --input TEST.tsv \\
+        [--beam 5 --alpha 0.6 --checkpoint best] [--out DIR]
+
+* ``context-curve`` (Fig. 3): every sentence translated with its previous ``k`` sentences as
+  context, for every ``k`` of ``--sizes`` (the window document ``[i-k .. i]``, its last
+  translation kept); writes ``context_curve.tsv`` (k, s_bleu, d_bleu, sentences,
+  mean_context), ``context_curve.png`` and ``hyp.k{K}.tsv``, prints the table.
+* ``attention`` (Fig. 4): the sentence-to-sentence attention of chunk ``--chunk`` (default:
+  the first) of document ``--doc``; writes ``attention.DOC.chunkN.tsv`` and ``.png``.
+* ``single-sentence`` (Table 2): the input translated as documents and every sentence as its
+  own one-sentence document; prints s-BLEU and d-BLEU side by side, writes
+  ``single_sentence.tsv`` and both translations.
+
+``--input`` is a corpus TSV ``doc_id<TAB>src<TAB>tgt`` (``attention`` reads only sources: also
+``doc_id<TAB>src`` or plain text). Outputs go to ``--out`` (default ``RUN/analysis``), each
+written through a temporary file. Readings, costs and what each model provides:
+:mod:`docnmt_jax.evaluation.analysis` and BUILD_NOTES.md. A user mistake or a model that
+cannot provide the analysis (e.g. a sentence model has no sentence attention) exits with
+status 2 and one line ``analyze.py: error: ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import NoReturn
+
+from absl import logging
+
+from docnmt_jax.data import readers
+from docnmt_jax.data.documents import CorpusFormatError, Document
+from docnmt_jax.decoding.search import SearchConfig
+from docnmt_jax.evaluation import analysis
+from docnmt_jax.models import ModelError
+from docnmt_jax.training import restore
+
+PROG = "analyze.py"
+
+
+class UsageError(Exception):
+    """A user mistake: reported as one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (``analyze.py: error: ...``, status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{message} (see {PROG} --help)")
+
+
+def fail(message: str) -> NoReturn:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``"0,1,2"`` -> ``[0, 1, 2]``: distinct integers >= 0."""
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--sizes={text!r}: expected integers separated by commas") from None
+    if any(k < 0 for k in sizes):
+        raise UsageError(f"--sizes={text!r}: context sizes must be >= 0")
+    if len(set(sizes)) != len(sizes):
+        raise UsageError(f"--sizes={text!r}: a size is repeated")
+    return sizes
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, text: str, search: bool) -> argparse.ArgumentParser:
+        p = commands.add_parser(name, help=text, description=text)
+        p.add_argument("--workdir", required=True, help="training run (config.json, checkpoints)")
+        p.add_argument("--input", required=True, help="corpus TSV doc_id<TAB>src<TAB>tgt")
+        p.add_argument("--checkpoint", default="best", help="best, latest or a step number")
+        p.add_argument("--out", default=None, help="output directory (default RUN/analysis)")
+        if search:
+            p.add_argument("--beam", type=int, default=5, help="beam size; 1 = greedy")
+            p.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
+            p.add_argument("--batch_tokens", type=int, default=4096, help="source tokens a batch")
+        return p
+
+    curve = command("context-curve", "Fig. 3: BLEU against the previous k sentences", True)
+    curve.add_argument(
+        "--sizes",
+        default=",".join(map(str, analysis.DEFAULT_SIZES)),
+        help="context sizes k, comma separated",
+    )
+    curve.add_argument("--quiet", action="store_true", help="no progress bars")
+    attention = command("attention", "Fig. 4: sentence-to-sentence attention of a chunk", False)
+    attention.add_argument("--doc", required=True, help="document id in --input")
+    attention.add_argument("--chunk", type=int, default=0, help="chunk of the document (0: first)")
+    single = command("single-sentence", "Table 2: document vs single-sentence BLEU", True)
+    single.add_argument("--quiet", action="store_true", help="no progress bars")
+    return parser
+
+
+def check_workdir(workdir: str) -> None:
+    if not os.path.isfile(os.path.join(workdir, "config.json")):
+        raise UsageError(f"--workdir={workdir!r}: no config.json there (not a training run)")
+
+
+def read_references(path: str) -> list[Document]:
+    if not os.path.isfile(path):
+        raise UsageError(f"--input={path!r}: no such file")
+    documents = readers.read_tsv(path)
+    if not documents:
+        raise UsageError(f"--input={path!r}: no documents")
+    return documents
+
+
+def search_config(args: argparse.Namespace) -> SearchConfig:
+    if args.beam < 1:
+        raise UsageError(f"--beam={args.beam}: must be >= 1")
+    return SearchConfig(beam_size=args.beam, alpha=args.alpha)
+
+
+def title(args: argparse.Namespace, model_name: str, step: int, what: str) -> str:
+    run = os.path.basename(os.path.normpath(args.workdir))
+    return f"{run} ({model_name}, step {step}): {what}"
+
+
+def run_context_curve(args: argparse.Namespace) -> None:
+    sizes = parse_sizes(args.sizes)
+    search = search_config(args)
+    check_workdir(args.workdir)
+    documents = read_references(args.input)
+    translator, step = restore.load_translator(
+        args.workdir, args.checkpoint, search, batch_tokens=args.batch_tokens
+    )
+    model = translator.model
+    print(
+        f"context curve of {args.workdir} step {step} ({model.name}) on {args.input}, k = {sizes}"
+    )
+    points = analysis.context_curve(translator, documents, sizes, progress=not args.quiet)
+    out = args.out or os.path.join(args.workdir, "analysis")
+    paths = analysis.write_curve(
+        points, documents, out, title(args, model.name, step, "BLEU against context size (Fig. 3)")
+    )
+    print(analysis.format_curve(points))
+    print(f"wrote {', '.join(paths[:1] + paths[-1:])} and {len(paths) - 2} hypothesis files")
+
+
+def run_attention(args: argparse.Namespace) -> None:
+    check_workdir(args.workdir)
+    if not os.path.isfile(args.input):
+        raise UsageError(f"--input={args.input!r}: no such file")
+    found = None
+    ids = []
+    for doc_id, sentences, _ in readers.iter_source_documents(args.input):
+        ids.append(doc_id)
+        if doc_id == args.doc:
+            found = Document(doc_id, tuple(sentences), ("",) * len(sentences))
+            break
+    if found is None:
+        shown = ", ".join(repr(i) for i in ids[:5]) + (" ..." if len(ids) > 5 else "")
+        raise UsageError(f"--doc={args.doc!r} is not a document of {args.input} ({shown})")
+    translator, step = restore.load_translator(args.workdir, args.checkpoint, SearchConfig())
+    model = translator.model
+    amap = analysis.attention_map(
+        model,
+        translator.params,
+        translator.tokenizer.encode_batch,
+        translator.pipeline_config,
+        found,
+        args.chunk,
+    )
+    out = args.out or os.path.join(args.workdir, "analysis")
+    prefix = os.path.join(out, f"attention.{analysis.file_name(args.doc)}.chunk{args.chunk}")
+    first, last = amap.sentences[0], amap.sentences[-1]
+    what = (
+        f"sentence attention, {args.doc} sentences {first}-{last} "
+        f"(chunk {args.chunk + 1} of {amap.chunks}; Fig. 4)"
+    )
+    paths = analysis.write_attention(amap, prefix, title(args, model.name, step, what))
+    print(f"{what}: {len(amap.sentences)} sentences")
+    print(f"wrote {paths[0]}, {paths[1]}")
+
+
+def run_single_sentence(args: argparse.Namespace) -> None:
+    search = search_config(args)
+    check_workdir(args.workdir)
+    documents = read_references(args.input)
+    translator, step = restore.load_translator(
+        args.workdir, args.checkpoint, search, batch_tokens=args.batch_tokens
+    )
+    print(f"single-sentence translation of {args.input} with {args.workdir} step {step}")
+    result = analysis.single_sentence_comparison(translator, documents, progress=not args.quiet)
+    out = args.out or os.path.join(args.workdir, "analysis")
+    paths = analysis.write_single_sentence(result, documents, out)
+    print(analysis.format_single_sentence(result))
+    print(f"wrote {', '.join(paths)}")
+
+
+COMMANDS = {
+    "context-curve": run_context_curve,
+    "attention": run_attention,
+    "single-sentence": run_single_sentence,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.set_verbosity(logging.WARNING)
+    try:
+        COMMANDS[args.command](args)
+    except (UsageError, ModelError, CorpusFormatError, OSError, ValueError) as e:
+        fail(str(e))
+
+
+if __name__ == "__main__":
+    main()
