@@ -53,7 +53,7 @@ test-slow: venv sword
 	$(BIN)/python -m pytest -q -ra -m slow $(TEST_FLAGS)
 
 lint: venv
-	$(BIN)/ruff check docnmt_jax launch tests configs
+	$(BIN)/ruff check docnmt_jax launch tests configs notebooks
 
 clean:
 	rm -rf $(VENV) data runs .pytest_cache
