@@ -69,6 +69,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.freeze = ()  # regexes over parameter paths: matching parameters are not trained
     config.train.unfreeze_at_step = 0  # frozen parameters train from this step, fresh Adam; 0 never
     config.train.schedule_offset = 0  # the LR schedule (warm-up too) restarts at this step; 0 never
+    # A step whose loss or gradient norm is NaN/Inf leaves the parameters as they were; that many
+    # in a row stop the run (0: never), naming the step, its documents and the last checkpoint.
+    config.train.max_bad_steps = 5  # skip NaN/Inf loss/grad steps; stop after this many in a row
 
     # Objective (docnmt_jax/objectives/): the learning algorithm wrapping the model's loss.
     config.objective = ml_collections.ConfigDict()

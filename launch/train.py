@@ -10,6 +10,13 @@ every device). Several processes (hosts): run the same command in each, with
 ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``), or ``--distributed``
 to take them from the cluster (TPU pod, SLURM, Open MPI); see ``launch/tpu_pod.sh`` and
 ``launch/slurm_gpu.sbatch``. ``--dry_run`` parses the flags and config and exits.
+
+Preemption: SIGTERM or SIGINT (Ctrl-C) saves a checkpoint after the current step and exits 0
+with a line naming the step and the checkpoint; a second signal exits at once (status 128 +
+signal) without saving, leaving the previous complete checkpoint as the latest. A run killed
+outright (SIGKILL, a lost machine) resumes from its newest complete checkpoint. Steps with a
+NaN/Inf loss or gradient are skipped; ``train.max_bad_steps`` of them in a row end the run with
+a one-line error (status 1) naming the step, its documents and the last good checkpoint.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from docnmt_jax import parallel
 from docnmt_jax.data.corpus_mix import DataConfigError
 from docnmt_jax.data.packed_plan import PackingError
 from docnmt_jax.models import ModelError
-from docnmt_jax.training.trainer import train_and_evaluate
+from docnmt_jax.training.trainer import CheckpointError, NonFiniteError, train_and_evaluate
 
 _DEFAULT_CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(__file__)), "configs", "transformer.py"
@@ -114,8 +121,18 @@ def main(argv: list[str]) -> None:
         # do not fit) and the train.freeze / unfreeze_at_step / schedule_offset mistakes.
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except (NonFiniteError, CheckpointError) as e:
+        # Training diverged (NaN/Inf), or no checkpoint of the workdir restores: one line.
+        print(f"train.py: error: {e}", file=sys.stderr)
+        sys.exit(1)
     dev = " ".join(f"{k}={v:.4f}" for k, v in sorted(result.dev_metrics.items()))
     print(f"step {result.step} ({result.stopped_by}): {dev}")
+    if result.stopped_by in ("sigterm", "sigint"):
+        print(
+            f"train.py: stopped by {result.stopped_by.upper()} at step {result.step}; checkpoint "
+            f"{result.checkpoint or '(none: no step was trained)'}; run the same command "
+            "again to resume"
+        )
     parallel.shutdown_distributed()  # all processes leave jax.distributed together
 
 

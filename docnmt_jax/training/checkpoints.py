@@ -10,19 +10,72 @@ the step, the data-iterator position (global batches consumed), the dev metrics 
 Restore order for a run: resume the latest checkpoint of this workdir; else, with
 ``init_from``, take parameters only from another run (pretrain-then-finetune, mapped by
 :mod:`docnmt_jax.training.param_mapping`); else start fresh.
+
+Crash safety (BUILD_NOTES.md, "Reliability"): Orbax writes a step into
+``<step>.orbax-checkpoint-tmp`` and renames it to ``<step>`` once every file is written, so a
+process killed at any point leaves either a complete ``<step>`` or a temporary directory that
+is never restored (and is removed when the next run opens the manager). A finished step that
+does not restore -- a file truncated, deleted or garbled, non-finite values, a step that does
+not match its ``meta`` -- is skipped with a warning naming it and moved aside to
+``<step>.corrupt``; the run resumes from the newest step before it. When no step restores
+(e.g. a config that does not fit the checkpoints) nothing is moved and :class:`CheckpointError`
+lists every step's error. A state holding NaN or Inf is never saved (:class:`NonFiniteError`).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 from flax import traverse_util
+from jax.experimental import multihost_utils
 
 PyTree = Any
+
+
+class CheckpointError(RuntimeError):
+    """No finished checkpoint of a directory restores (each step's error in the message)."""
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced NaN or Inf: a state that holds them is never saved."""
+
+
+def _path_name(path: tuple[Any, ...]) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+
+
+@jax.jit
+def _finite_leaves(tree: PyTree) -> list[jax.Array]:
+    return [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]
+
+
+def nonfinite_leaves(tree: PyTree) -> list[str]:
+    """Paths (``params/encoder/.../kernel``) of the floating-point leaves of ``tree`` that hold
+    NaN or Inf; one jitted reduction per leaf, on the devices that hold them (global arrays of
+    several processes included: each result is a replicated scalar)."""
+    paths, leaves = [], []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
+            paths.append(_path_name(path))
+            leaves.append(leaf)
+    if not leaves:
+        return []
+    flags = jax.device_get([_local(ok) for ok in _finite_leaves(leaves)])
+    return [p for p, ok in zip(paths, flags, strict=True) if not bool(ok)]
+
+
+def _local(x: Any) -> Any:
+    """``x``, or for a replicated array spanning processes its copy on this process."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return x.addressable_data(0)
+    return x
 
 
 def _manager(directory: str, keep: int, use_async: bool, name: str) -> ocp.CheckpointManager:
@@ -33,6 +86,8 @@ def _manager(directory: str, keep: int, use_async: bool, name: str) -> ocp.Check
         max_to_keep=keep,
         enable_async_checkpointing=use_async,
         create=True,
+        # Temporary directories of saves that never finished (a killed process) go.
+        cleanup_tmp_directories=True,
         multiprocessing_options=ocp.options.MultiprocessingOptions(
             barrier_sync_key_prefix=f"docnmt_{name}"
         ),
@@ -62,12 +117,19 @@ class Checkpointer:
         latest: bool = True,
     ) -> None:
         """Saves to ``latest`` (unless ``latest=False``: that step is saved there already) and
-        to ``best`` when ``best``; ``meta`` must be JSON-able.
+        to ``best`` when ``best``; ``meta`` must be JSON-able. A state with a NaN or Inf
+        anywhere is not saved: :class:`NonFiniteError` names its arrays.
 
         The two saves never run at once: the ``best`` save waits for the ``latest`` one to
         finish, since JAX collectives (Orbax's barriers among them) must not run concurrently
         from two threads of one process.
         """
+        bad = nonfinite_leaves(state)
+        if bad:
+            raise NonFiniteError(
+                f"step {step}: the train state holds NaN or Inf in {len(bad)} arrays "
+                f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); not saved"
+            )
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         if latest:
             self.latest.save(step, args=args, force=True)
@@ -75,22 +137,84 @@ class Checkpointer:
             self.latest.wait_until_finished()
             self.best.save(step, args=args, force=True)
 
-    def restore(self, which: str | int, target: PyTree) -> tuple[PyTree, dict[str, Any]] | None:
+    def restore(
+        self,
+        which: str | int,
+        target: PyTree,
+        warn: Callable[[str], None] = logging.warning,
+    ) -> tuple[PyTree, dict[str, Any]] | None:
         """Restores ``'latest'``, ``'best'`` or a step number onto the structure of ``target``.
 
-        Returns ``None`` when there is no such checkpoint.
+        Returns ``None`` when there is no such checkpoint. For ``'latest'`` and ``'best'`` a
+        newest step that does not restore (:func:`check_restored`) is reported through ``warn``
+        by its directory, moved aside to ``<step>.corrupt`` and the next older one is tried;
+        :class:`CheckpointError` when none restores (then nothing is moved).
         """
         manager = self.best if which == "best" else self.latest
-        step = manager.latest_step() if which in ("best", "latest") else int(which)
-        if step is None or step not in manager.all_steps():
-            return None
-        restored = manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(_abstract(target)), meta=ocp.args.JsonRestore()
-            ),
-        )
-        return restored.state, restored.meta
+        if which in ("best", "latest"):
+            steps = sorted(manager.all_steps(), reverse=True)
+        else:
+            steps = [int(which)] if int(which) in manager.all_steps() else []
+        errors: list[tuple[int, str]] = []
+        for step in steps:
+            error = ""
+            try:
+                restored = manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(_abstract(target)),
+                        meta=ocp.args.JsonRestore(),
+                    ),
+                )
+                error = check_restored(step, restored.state, restored.meta)
+            except Exception as e:  # any failure to read it: the step is not usable
+                error = _brief(e)
+            if jax.process_count() > 1:  # all processes skip the step if any cannot read it
+                failed = multihost_utils.process_allgather(np.int32(bool(error)))
+                if np.any(failed) and not error:
+                    error = "another process could not restore it"
+            if not error:
+                for bad_step, reason in errors:
+                    path = self._quarantine(manager, bad_step)
+                    warn(
+                        f"checkpoint {os.path.join(manager.directory, str(bad_step))} does not "
+                        f"restore ({reason}); skipped, moved to {path}; resuming from step {step}"
+                    )
+                if errors:
+                    manager.reload()
+                return restored.state, restored.meta
+            errors.append((step, error))
+        if errors:
+            raise CheckpointError(
+                f"no checkpoint in {manager.directory} restores: "
+                + "; ".join(f"step {s}: {e}" for s, e in errors)
+                + " (a config that differs from the run's, e.g. model sizes, fails every step; "
+                "move the directory away to start afresh)"
+            )
+        return None
+
+    @staticmethod
+    def _quarantine(manager: ocp.CheckpointManager, step: int) -> str:
+        """Renames step directory ``step`` to ``<step>.corrupt`` (``.corrupt.N`` if taken), which
+        Orbax and the step listings ignore; process 0 renames, every process waits for it."""
+        source = os.path.join(manager.directory, str(step))
+        target, n = f"{source}.corrupt", 0
+        while os.path.exists(target):
+            n += 1
+            target = f"{source}.corrupt.{n}"
+        if jax.process_count() > 1:  # every process has chosen the same name before the rename
+            multihost_utils.sync_global_devices(f"docnmt_quarantine_named_{step}")
+        if jax.process_index() == 0:
+            os.rename(source, target)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"docnmt_quarantine_moved_{step}")
+        return target
+
+    def latest_complete(self) -> tuple[int, str] | None:
+        """The newest finished ``latest`` step and its directory, once pending saves are done."""
+        self.latest.wait_until_finished()
+        step = self.latest.latest_step()
+        return None if step is None else (step, os.path.join(self.latest.directory, str(step)))
 
     def wait(self) -> None:
         self.latest.wait_until_finished()
@@ -99,6 +223,31 @@ class Checkpointer:
     def close(self) -> None:
         self.latest.close()
         self.best.close()
+
+
+def _brief(error: Exception) -> str:
+    """``error`` on one line, without TensorStore's spec dump, at most ~300 characters."""
+    text = " ".join(str(error).split()).split(" See full TensorStore details")[0]
+    return f"{type(error).__name__}: {text[:300]}"
+
+
+def check_restored(step: int, state: PyTree, meta: Any) -> str:
+    """Why a restored checkpoint of ``step`` is unusable, or ``''``: its ``meta`` must be a dict
+    naming that step (and, with a data position, the same one), the state's own step counter
+    the same, and every value finite (no NaN/Inf state is ever saved)."""
+    if not isinstance(meta, dict):
+        return f"meta is {type(meta).__name__}, not a dict"
+    if "step" in meta and meta["step"] != step:
+        return f"meta names step {meta['step']!r}"
+    if "data_step" in meta and meta["data_step"] != meta.get("step", step):
+        return f"meta data position {meta['data_step']!r} differs from its step"
+    counter = state.get("step") if isinstance(state, dict) else None
+    if counter is not None and int(jax.device_get(_local(counter))) != step:
+        return f"the state's step counter is {int(jax.device_get(_local(counter)))}"
+    bad = nonfinite_leaves(state)
+    if bad:
+        return f"NaN or Inf in {', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}"
+    return ""
 
 
 def _steps(directory: str) -> list[int]:

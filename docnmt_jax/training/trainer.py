@@ -5,9 +5,16 @@ bar, TensorBoard events and a plain-text log in the workdir, Orbax checkpoints (
 best by a dev metric), resume from the latest checkpoint including the data position,
 ``init_from`` for params-only initialisation mapped by ``init_from_rules``
 (:mod:`docnmt_jax.training.param_mapping`; never applied when resuming), a time budget, and
-SIGTERM -> save and exit.
+SIGTERM or SIGINT -> save and exit (a second signal exits at once, saving nothing).
 Dropout keys are ``fold_in(seed_key, step)`` and the data plan is a pure function of the
 step, so a resumed run reproduces the uninterrupted one exactly.
+
+Non-finite guard: a step whose loss or gradient norm is NaN or Inf leaves parameters and
+optimiser state as they were (inside the jitted step; its batch is consumed, the step counter
+advances) and counts in the ``bad_steps`` metric; ``train.max_bad_steps`` consecutive such
+steps stop the run with :class:`NonFiniteError` naming the step, the documents of its batch and
+the last complete checkpoint. No state holding NaN or Inf is ever saved. BUILD_NOTES.md,
+"Reliability", lists what is promised and the tests that kill, signal and poison runs.
 
 Devices: the steps run on the ``config.mesh`` device mesh (:mod:`docnmt_jax.parallel`; one
 device by default), the state initialised straight into its shardings
@@ -18,7 +25,9 @@ write and restore checkpoints (onto the current mesh, whatever mesh wrote them).
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import copy
 import dataclasses
 import json
 import math
@@ -53,6 +62,8 @@ from docnmt_jax.models.base import reduce_metrics
 from docnmt_jax.objectives import Objective, build_objective
 from docnmt_jax.training import checkpoints, param_mapping
 from docnmt_jax.training import state as train_state
+from docnmt_jax.training.checkpoints import CheckpointError as CheckpointError  # re-exported
+from docnmt_jax.training.checkpoints import NonFiniteError as NonFiniteError  # re-exported
 
 PyTree = Any
 EvalHook = Callable[[PyTree, int], dict[str, float]]
@@ -196,7 +207,9 @@ def make_steps(
 ):
     """The jitted ``train_step(state, batch) -> (state, metrics)`` and ``eval_step(params,
     batch) -> metrics``; the loss and its metrics are the objective's (:class:`Metric` sums,
-    plus the learning rate and gradient norm of the step).
+    plus the learning rate and gradient norm of the step, and ``bad_steps``: 1 when the loss
+    or the gradient norm is NaN or Inf, a step that then leaves parameters and optimiser state
+    unchanged; the step counter advances).
 
     With a ``layout`` and the state's ``shardings`` both are compiled for the mesh: batch rows
     split over ``data x fsdp``, state as ``shardings``, metrics replicated, the models'
@@ -219,14 +232,24 @@ def make_steps(
         def loss_fn(params: PyTree) -> tuple[jax.Array, dict[str, Metric]]:
             return objective.loss(params, batch, dropout_rng, True)
 
-        grads, metrics = jax.grad(loss_fn, has_aux=True)(state["params"])
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        grad_norm = optax_global_norm(grads)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = jax.tree_util.tree_map(jnp.add, state["params"], updates)
+        # Non-finite guard: a NaN/Inf loss or gradient keeps the old parameters and moments.
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+        def keep(new: jax.Array, old: jax.Array) -> jax.Array:
+            return jnp.where(finite, new, old)
+
+        params = jax.tree_util.tree_map(keep, params, state["params"])
+        opt_state = jax.tree_util.tree_map(keep, opt_state, state["opt_state"])
         one = jnp.ones(())
         metrics = dict(
             metrics,
             lr=Metric(schedule(state["step"]), one),
-            grad_norm=Metric(optax_global_norm(grads), one),
+            grad_norm=Metric(grad_norm, one),
+            bad_steps=Metric(1.0 - finite.astype(jnp.float32), one, "sum"),
         )
         return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
 
@@ -390,7 +413,10 @@ class RunLog:
         self.enabled = jax.process_index() == 0
         self._writer = None
         if self.enabled:
-            self._file = open(os.path.join(workdir, "train.log"), "a", encoding="utf-8")
+            path = os.path.join(workdir, "train.log")
+            self._file = open(path, "a", encoding="utf-8")
+            if self._file.tell() and not _ends_with_newline(path):
+                self._file.write("\n")  # a run killed mid-line: start on a line of our own
             import tensorflow as tf
 
             self._tf = tf
@@ -414,37 +440,134 @@ class RunLog:
             self._file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
             self._file.flush()
 
+    def warn(self, message: str) -> None:
+        """A warning: to the log file and through absl (stderr under ``launch/train.py``)."""
+        logging.warning(message)
+        if self.enabled:
+            self._file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} WARNING: {message}\n")
+            self._file.flush()
+
     def close(self) -> None:
         if self.enabled:
             self._file.close()
             self._writer.close()
 
 
+def _ends_with_newline(path: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+#: The signals that stop a run cleanly, and the stop reason each gives.
+STOP_SIGNALS = {signal.SIGTERM: "sigterm", signal.SIGINT: "sigint"}
+
+
+def _say(message: str) -> None:
+    """``message`` to stderr by one ``write`` system call: safe inside a signal handler, where
+    Python's buffered ``sys.stderr`` may be in the middle of another write (tqdm's bar)."""
+    os.write(2, (message + "\n").encode())
+
+
 @contextlib.contextmanager
-def sigterm_flag() -> Iterator[dict[str, bool]]:
-    """Turns SIGTERM into a flag the loop checks, so it can save and exit cleanly."""
-    flag = {"stop": False}
+def stop_signals() -> Iterator[dict[str, str]]:
+    """Turns SIGTERM and SIGINT into a flag (``flag["stop"]``: ``'sigterm'``/``'sigint'``) that
+    the loop checks, so it can save a checkpoint and exit cleanly. A second signal while that
+    happens exits the process at once (``os._exit(128 + signum)``) without saving: a save in
+    flight is then never finalised and the previous complete checkpoint stays the latest."""
+    flag = {"stop": ""}
 
     def handler(signum: int, frame: Any) -> None:
-        flag["stop"] = True
+        name = signal.Signals(signum).name
+        if flag["stop"]:
+            _say(
+                f"train: {name} again: exiting at once without saving; the latest complete "
+                "checkpoint is kept (a save in flight is discarded)"
+            )
+            os._exit(128 + signum)
+        flag["stop"] = STOP_SIGNALS[signum]
+        _say(
+            f"train: {name}: saving a checkpoint after the current step, then stopping "
+            "(send it again to exit at once without saving)"
+        )
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     try:
         yield flag
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
-_STOP_REASONS = ("", "time_budget", "sigterm")
+_STOP_REASONS = ("", "time_budget", "sigterm", "sigint")
 
 
-def stop_reason(flag: dict[str, bool], deadline: float | None, every_process: bool) -> str:
-    """``'sigterm'``, ``'time_budget'`` or ``''``; with ``every_process`` the processes agree
-    (any process stopping stops all, so none waits in a collective for the others)."""
-    code = 2 if flag["stop"] else int(deadline is not None and time.monotonic() > deadline)
+def stop_reason(flag: dict[str, str], deadline: float | None, every_process: bool) -> str:
+    """``'sigterm'``, ``'sigint'``, ``'time_budget'`` or ``''``; with ``every_process`` the
+    processes agree (any process stopping stops all, so none waits in a collective for the
+    others)."""
+    if flag["stop"]:
+        code = _STOP_REASONS.index(flag["stop"])
+    else:
+        code = int(deadline is not None and time.monotonic() > deadline)
     if every_process:
         code = int(np.max(multihost_utils.process_allgather(np.int32(code))))
     return _STOP_REASONS[code]
+
+
+def batch_documents(plan: pipeline_lib.BatchPlan, index: int) -> list[str]:
+    """Ids of the documents in global batch ``index`` (0-based: the batch of step
+    ``index + 1``) of a training ``plan``, in order of first appearance. Computed from the plan
+    (a pure function of the step), since packed batches carry no document indices."""
+    plan = copy.copy(plan)  # its own epoch cache: the input pipeline's thread uses the plan's
+    e, b = divmod(index, plan.batches_per_epoch)
+    ids = plan.epoch(e).batch(b)
+    ids = ids[ids >= 0]
+    if hasattr(plan, "item_rows"):  # packed plans: batches are rows of items (chunks)
+        ids = np.concatenate([plan.item_rows[r] for r in ids]) if ids.size else ids
+    docs = plan.chunk_table["doc"][ids]
+    names = plan.corpus.doc_ids
+    return [names[d] for d in dict.fromkeys(docs.tolist())]
+
+
+def _name_documents(ids: list[str], limit: int = 12) -> str:
+    more = f" and {len(ids) - limit} more" if len(ids) > limit else ""
+    return ", ".join(ids[:limit]) + more
+
+
+class BadStepGuard:
+    """Host side of the non-finite guard: follows the jitted step's ``bad_steps`` flags one step
+    behind (fetching step n's flag after step n+1 is queued keeps the device busy) and raises
+    :class:`_TooManyBadStepsError` at the ``max_bad`` -th consecutive bad step (0: never)."""
+
+    def __init__(self, max_bad: int):
+        self.max_bad = max_bad
+        self.pending: collections.deque = collections.deque()
+        self.run: list[int] = []  # the current run of consecutive bad steps
+
+    def push(self, step: int, metrics: dict[str, Metric]) -> None:
+        if self.max_bad > 0:
+            loss = metrics.get("loss", metrics["grad_norm"])  # every objective reports a loss
+            values = (metrics["bad_steps"].total, loss, metrics["grad_norm"].total)
+            self.pending.append((step, values))
+
+    def check(self, keep: int = 0) -> None:
+        """Looks at the flags of every pending step but the newest ``keep``."""
+        while len(self.pending) > keep:
+            step, values = self.pending.popleft()
+            bad, loss, grad_norm = jax.device_get(values)
+            if not bad:
+                self.run = []
+                continue
+            self.run.append(step)
+            if len(self.run) >= self.max_bad:
+                raise _TooManyBadStepsError(self.run, loss.value(), float(grad_norm))
+
+
+class _TooManyBadStepsError(Exception):
+    def __init__(self, steps: list[int], loss: float, grad_norm: float):
+        super().__init__(steps)
+        self.steps, self.loss, self.grad_norm = list(steps), loss, grad_norm
 
 
 # ---------------------------------------------------------------------------------------------
@@ -453,12 +576,16 @@ def stop_reason(flag: dict[str, bool], deadline: float | None, every_process: bo
 
 @dataclasses.dataclass
 class TrainResult:
-    """What a run ends with: its last step, the latest dev metrics and per-step train losses."""
+    """What a run ends with: its last step, the latest dev metrics, per-step train losses
+    (``record_losses``), why it stopped (``num_steps``, ``time_budget``, ``sigterm``,
+    ``sigint``) and its newest complete checkpoint."""
 
     step: int
     dev_metrics: dict[str, float]
     losses: list[float]
     stopped_by: str
+    #: the newest complete ``checkpoints/<step>`` directory at the end ('' when none)
+    checkpoint: str = ""
 
 
 def _is_better(value: float, best: float | None, mode: str) -> bool:
@@ -483,9 +610,10 @@ def train_and_evaluate(
         raise ValueError(f"config.train.best_mode must be min or max, got {tcfg.best_mode!r}")
     os.makedirs(workdir, exist_ok=True)
     runlog = RunLog(workdir)
-    if jax.process_index() == 0:
-        with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+    if jax.process_index() == 0:  # written whole and renamed: a kill never leaves half of it
+        with open(os.path.join(workdir, "config.json.partial"), "w", encoding="utf-8") as f:
             f.write(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
+        os.replace(f.name, os.path.join(workdir, "config.json"))
 
     init_dir = None
     if config.get("init_from", "") and not checkpoints.has_steps(workdir):
@@ -543,7 +671,8 @@ def train_and_evaluate(
 
     ckpt = checkpoints.Checkpointer(workdir, keep=tcfg.keep_checkpoints)
     best_value: float | None = None
-    restored = ckpt.restore("latest", abstract)
+    # The newest checkpoint that restores (a corrupt one is skipped, with a warning naming it).
+    restored = ckpt.restore("latest", abstract, warn=runlog.warn)
     if restored is not None:
         state, meta = restored
         best_value = meta.get("best_value")
@@ -606,21 +735,37 @@ def train_and_evaluate(
         is_best = False
         if dev is not None and tcfg.best_metric in dev:
             is_best = _is_better(dev[tcfg.best_metric], best_value, tcfg.best_mode)
-            if is_best:
-                best_value = dev[tcfg.best_metric]
         meta = {
             "step": step,
             "data_step": step,
             "dev": dev or {},
             "best_metric": tcfg.best_metric,
-            "best_value": best_value,
+            "best_value": dev[tcfg.best_metric] if is_best else best_value,
             "config": json.loads(config.to_json_best_effort()),
         }
-        ckpt.save(step, state, meta, best=is_best, latest=latest)
+        ckpt.save(step, state, meta, best=is_best, latest=latest)  # never a NaN/Inf state
+        if is_best:
+            best_value = dev[tcfg.best_metric]
+
+    def last_checkpoint() -> str:
+        done = ckpt.latest_complete()
+        return "none saved yet" if done is None else f"{done[1]} (step {done[0]})"
+
+    def fail(message: str) -> NonFiniteError:
+        """Ends the run on a non-finite state: pending saves finish (all finite), the message
+        goes to the log; returns the error to raise."""
+        bar.close()
+        message = f"{message}; last good checkpoint: {last_checkpoint()}"
+        runlog.note(f"stopped: {message}")
+        ckpt.close()
+        runlog.close()
+        return NonFiniteError(message)
 
     deadline = (
         time.monotonic() + 60 * tcfg.time_budget_minutes if tcfg.time_budget_minutes else None
     )
+    max_bad = int(tcfg.get("max_bad_steps", 5))
+    guard = BadStepGuard(max_bad)
     step = start
     step_losses: list[float] = []
     window: dict[str, Metric] = {}
@@ -628,50 +773,86 @@ def train_and_evaluate(
     dev: dict[str, float] = {}
     stopped_by = "num_steps"
     bar = tqdm(total=tcfg.num_steps, initial=start, desc="train", disable=jax.process_index() != 0)
-    with sigterm_flag() as flag:
-        while step < tcfg.num_steps:
-            if jax.process_count() == 1 or step % tcfg.log_every == 0:
-                reason = stop_reason(flag, deadline, every_process=jax.process_count() > 1)
-                if reason:
-                    stopped_by = reason
-                    break
-            state, metrics = train_step(state, parallel.global_batch(next(dataset), layout.batch))
-            step += 1
-            window_steps += 1
-            window = add_metrics(window, metrics)
-            if record_losses:
-                step_losses.append(reduce_metrics({"loss": metrics["loss"]})["loss"])
-            if step % tcfg.log_every == 0 or step == tcfg.num_steps:
-                values = reduce_metrics(window)
-                elapsed = time.monotonic() - window_start
-                if "tokens" in values:
-                    values["tokens_per_s"] = values["tokens"] / max(elapsed, 1e-9)
-                runlog.write(step, values, prefix="train/")
-                bar.set_postfix(
-                    loss=f"{values.get('loss', float('nan')):.3f}",
-                    lr=f"{values['lr']:.2e}",
-                    tok_s=f"{values.get('tokens_per_s', 0.0):.0f}",
-                )
-                window, window_steps = {}, 0
-                window_start = time.monotonic()
-            bar.update(1)
-            evaluated = step % tcfg.eval_every == 0
-            if evaluated:
+    # SIGTERM/SIGINT: stop after the current step and save; a second one exits at once.
+    with stop_signals() as flag:
+        try:
+            while step < tcfg.num_steps:
+                if jax.process_count() == 1 or step % tcfg.log_every == 0:
+                    reason = stop_reason(flag, deadline, every_process=jax.process_count() > 1)
+                    if reason:
+                        stopped_by = reason
+                        break
+                batch = parallel.global_batch(next(dataset), layout.batch)
+                state, metrics = train_step(state, batch)
+                step += 1
+                guard.push(step, metrics)
+                guard.check(keep=1)  # the previous step's flag: step `step` is still running
+                window_steps += 1
+                window = add_metrics(window, metrics)
+                if record_losses:
+                    step_losses.append(reduce_metrics({"loss": metrics["loss"]})["loss"])
+                if step % tcfg.log_every == 0 or step == tcfg.num_steps:
+                    values = reduce_metrics(window)
+                    elapsed = time.monotonic() - window_start
+                    if "tokens" in values:
+                        values["tokens_per_s"] = values["tokens"] / max(elapsed, 1e-9)
+                    runlog.write(step, values, prefix="train/")
+                    bar.set_postfix(
+                        loss=f"{values.get('loss', float('nan')):.3f}",
+                        lr=f"{values['lr']:.2e}",
+                        tok_s=f"{values.get('tokens_per_s', 0.0):.0f}",
+                    )
+                    window, window_steps = {}, 0
+                    window_start = time.monotonic()
+                bar.update(1)
+                evaluated = step % tcfg.eval_every == 0
+                if evaluated or step % tcfg.checkpoint_every == 0:
+                    guard.check()  # a run of bad steps that ends here stops before saving
+                if evaluated:
+                    dev = run_eval(step)
+                    runlog.write(step, dev)
+                if evaluated or step % tcfg.checkpoint_every == 0:
+                    save(step, dev if evaluated else None)
+            guard.check()
+            bar.close()
+            if stopped_by in STOP_SIGNALS.values():
+                # Preemption: save at once (no dev evaluation, which may take minutes).
+                name = stopped_by.upper()
+                if step == start:
+                    runlog.note(f"{name} at step {step}, before any step of this run: no save")
+                elif step % tcfg.eval_every == 0 or step % tcfg.checkpoint_every == 0:
+                    runlog.note(f"{name} at step {step}: checkpoint {step} is saved already")
+                else:
+                    runlog.note(f"{name} at step {step}: saving checkpoint {step}")
+                    save(step, None)
+            elif step != start and (step % tcfg.eval_every != 0):
                 dev = run_eval(step)
                 runlog.write(step, dev)
-            if evaluated or step % tcfg.checkpoint_every == 0:
-                save(step, dev if evaluated else None)
-    bar.close()
-    if step != start and (step % tcfg.eval_every != 0):
-        dev = run_eval(step)
-        runlog.write(step, dev)
-        # A checkpoint of this step may exist already (checkpoint_every divides it).
-        save(step, dev, latest=step % tcfg.checkpoint_every != 0)
-    ckpt.wait()
+                # A checkpoint of this step may exist already (checkpoint_every divides it).
+                save(step, dev, latest=step % tcfg.checkpoint_every != 0)
+            ckpt.wait()
+        except _TooManyBadStepsError as bad:
+            first, last = bad.steps[0], bad.steps[-1]
+            raise fail(
+                f"{len(bad.steps)} consecutive steps with a non-finite loss or gradient norm "
+                f"(train.max_bad_steps={max_bad}), steps {first}-{last}: training stopped at "
+                f"step {last} (loss {bad.loss:.4g}, gradient norm {bad.grad_norm:.4g}; "
+                f"parameters unchanged since step {first - 1}); the batch of step {last} holds "
+                f"documents {_name_documents(batch_documents(train_plan, last - 1))}"
+            ) from None
+        except NonFiniteError as e:
+            raise fail(f"training stopped: {e}") from None
+    done = ckpt.latest_complete()
     ckpt.close()
     runlog.note(
         f"stopped at step {step} ({stopped_by}); dev "
         + " ".join(f"{k}={v:.4g}" for k, v in sorted(dev.items()))
     )
     runlog.close()
-    return TrainResult(step=step, dev_metrics=dev, losses=step_losses, stopped_by=stopped_by)
+    return TrainResult(
+        step=step,
+        dev_metrics=dev,
+        losses=step_losses,
+        stopped_by=stopped_by,
+        checkpoint="" if done is None else os.fspath(done[1]),
+    )
