@@ -1,8 +1,22 @@
 """Shared fixtures: a small synthetic document corpus and a tiny training config."""
 
 import os
+import shutil
+import tempfile
 
 import pytest
+
+# One persistent XLA compilation cache for the whole test session, set before jax is imported:
+# the pytest-xdist workers and the CLI subprocesses that the tests start inherit it through
+# the environment, and many tests compile the same tiny programs (a train step, a search) again
+# in other processes. Compilations under a second are not cached (jax's default threshold).
+# The controller (not an xdist worker) creates it and removes it at exit.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ and "PYTEST_XDIST_WORKER" not in os.environ:
+    _CACHE_DIR = tempfile.mkdtemp(prefix="docnmt-test-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE_DIR
+
+    def pytest_unconfigure(config):
+        shutil.rmtree(_CACHE_DIR, ignore_errors=True)
 
 from docnmt_jax.config_files import load_config_module
 
