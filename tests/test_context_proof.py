@@ -113,6 +113,9 @@ DOCT_TASK = dict(FAST_TASK, distances=(1, 2))
 DOCT_TRAINING = dict(context_proof.TINY, num_steps=500, lr_scale=0.5)
 
 
+# Slow since issue 19 (157 s; the default suite passed 20 minutes with the notebooks):
+# `make test-slow`. DocT's layers stay in the default suite through its naive reference.
+@pytest.mark.slow
 def test_doct_uses_the_two_sentences_of_its_window(tmp_path):
     data_dir = str(tmp_path / "data")
     synthetic.write_corpus(

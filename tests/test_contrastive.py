@@ -66,7 +66,14 @@ def _naive_score(task, params, tokenizer, src_sents, tgt_sents, k):
     return sum(logp[t, tok] for t, tok in enumerate(tgt[k]))
 
 
-@pytest.mark.parametrize("name", ["transformer", "final"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        # The sentence path (30 s) also runs in test_contrastive_sets (Bawden at 50%): slow.
+        pytest.param("transformer", marks=pytest.mark.slow),
+        "final",
+    ],
+)
 def test_candidate_scores_equal_a_naive_loop(corpus, name):
     docs, labels, tokenizer = corpus
     task, params = _task(name, tokenizer.vocab_size)
