@@ -25,6 +25,7 @@ from tqdm import tqdm
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data import readers
 from docnmt_jax.data.documents import CorpusFormatError
+from docnmt_jax.models import doct
 from docnmt_jax.training import restore, trainer
 
 QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
@@ -33,17 +34,8 @@ QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
 def batch_gates(model, params, batch: dict) -> tuple[np.ndarray, np.ndarray]:
     """``(g [tokens, D], context share [tokens])`` over the real source tokens with context
     of one grid batch, and the same for tokens without context (first sentences)."""
-    module = model.eval_module
     rows = model.rows(batch)
-    _, state = module.apply(
-        {"params": params},
-        rows["src"],
-        rows["src_mask"],
-        rows["context"],
-        rows["context_mask"],
-        method=module.encode,
-        mutable=["intermediates"],
-    )
+    _, state = doct.encode_windows(model, params, batch, mutable=["intermediates"])
     found = state["intermediates"]
     g, x, x_hat = (found[k][0] for k in ("gate_values", "source_states", "context_states"))
     from_context = jnp.linalg.norm(g * x_hat, axis=-1)

@@ -2,6 +2,8 @@
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -18,12 +20,25 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and "PYTEST_XDIST_WORKER" not i
     def pytest_unconfigure(config):
         shutil.rmtree(_CACHE_DIR, ignore_errors=True)
 
+
 from docnmt_jax.config_files import load_config_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Zheng et al. 2020, Table 3: the rows' switch settings (the config layer holds them).
 TABLE3_CONFIG = os.path.join(ROOT, "configs", "final_table3.py")
 TABLE3_SWITCHES = load_config_module(TABLE3_CONFIG).TABLE3_SWITCHES
+
+
+def run_launch(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python launch/SCRIPT ARGS`` from the repository root, output captured (generous
+    timeout: the CI machine may be busy)."""
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "launch", script), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -13,13 +13,11 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT, tiny_final_config
+from conftest import ROOT, run_launch, tiny_final_config
 
 from docnmt_jax.data import contrastive_sets as cs
 from docnmt_jax.data.contrastive_sets import ContrastiveFormatError
@@ -551,13 +549,7 @@ def test_sentence_transformer_is_at_chance_on_bawden(final_run):
 
 
 def _cli(*args):
-    return subprocess.run(
-        [sys.executable, os.path.join(ROOT, "launch", "evaluate.py"), *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
+    return run_launch("evaluate.py", *args)
 
 
 def test_cli_scores_a_set_and_writes_the_result(final_run):

@@ -2,13 +2,10 @@
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import sacrebleu
-from conftest import ROOT
+from conftest import run_launch
 
 from docnmt_jax.data.documents import CorpusFormatError
 from docnmt_jax.evaluation import metrics
@@ -244,13 +241,7 @@ def test_empty_reference_sentence_is_an_error(tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run(
-        [sys.executable, os.path.join(ROOT, "launch", "evaluate.py"), *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    return run_launch("evaluate.py", *args)
 
 
 def test_cli_text_and_json(tmp_path):

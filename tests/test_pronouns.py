@@ -1,15 +1,12 @@
 """Pronoun overlap: hand-computed answers, tokenisation, a brute-force reference, the CLI."""
 
 import json
-import os
 import random
 import re
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
-from conftest import ROOT
+from conftest import run_launch
 
 from docnmt_jax.data.documents import CorpusFormatError
 from docnmt_jax.evaluation import metrics
@@ -242,13 +239,7 @@ def test_evaluate_files_pronouns_is_optional(tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run(
-        [sys.executable, os.path.join(ROOT, "launch", "evaluate.py"), *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    return run_launch("evaluate.py", *args)
 
 
 def test_cli_pronouns_text_json_and_custom_list(tmp_path):

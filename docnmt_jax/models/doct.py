@@ -385,6 +385,25 @@ def context_windows(batch: dict[str, Array], k: int) -> tuple[Array, Array]:
     return tuple(w.reshape(B * S, k * T) for w in windows)  # type: ignore[return-value]
 
 
+def encode_windows(
+    model: BaseModel, params: Any, batch: dict[str, Array], **apply_kwargs: Any
+) -> Any:
+    """``model.eval_module.encode`` of a window model (DocT, Jean & Cho) on the sentence rows
+    of ``batch`` with their context windows (``model.rows``); ``apply_kwargs`` go to
+    ``apply`` (e.g. ``mutable=["intermediates"]``)."""
+    rows = model.rows(batch)
+    module = model.eval_module
+    return module.apply(
+        {"params": params},
+        rows["src"],
+        rows["src_mask"],
+        rows["context"],
+        rows["context_mask"],
+        method=module.encode,
+        **apply_kwargs,
+    )
+
+
 def window_sentence_attention(
     weights: Array, src_mask: Array, context_mask: Array, shape: tuple[int, int], k: int
 ) -> Array:
@@ -471,19 +490,8 @@ class DocTModel(BaseModel):
                 "attention: no sentence-to-sentence attention (Fig. 4)"
             )
         rows = self.rows(batch)
-        module = self.eval_module
         path = (f"encoder_layers_{cfg.num_encoder_layers - 1}", "context_attention")
-        _, weights = captured_attention(
-            lambda: module.apply(
-                {"params": params},
-                rows["src"],
-                rows["src_mask"],
-                rows["context"],
-                rows["context_mask"],
-                method=module.encode,
-            ),
-            path,
-        )
+        _, weights = captured_attention(lambda: encode_windows(self, params, batch), path)
         return window_sentence_attention(
             weights,
             rows["src_mask"],

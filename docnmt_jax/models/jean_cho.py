@@ -211,17 +211,8 @@ class JeanChoModel(BaseModel):
         (:func:`~.doct.window_sentence_attention`): a row sums to 1 over its window inside the
         chunk, a document's first sentence has none (0)."""
         rows = self.rows(batch)
-        module = self.eval_module
         _, weights = captured_attention(
-            lambda: module.apply(
-                {"params": params},
-                rows["src"],
-                rows["src_mask"],
-                rows["context"],
-                rows["context_mask"],
-                method=module.encode,
-            ),
-            ("context_attention",),
+            lambda: doct.encode_windows(self, params, batch), ("context_attention",)
         )
         return doct.window_sentence_attention(
             weights,
