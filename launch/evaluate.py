@@ -57,14 +57,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 
 from absl import app, flags, logging
 
 from docnmt_jax.data import contrastive_sets, readers
 from docnmt_jax.data.documents import CorpusFormatError
 from docnmt_jax.decoding.search import SearchConfig
-from docnmt_jax.evaluation import context_marginal, contrastive
+from docnmt_jax.evaluation import analysis, context_marginal, contrastive
 from docnmt_jax.evaluation.metrics import evaluate_files, format_report, score_documents
 from docnmt_jax.evaluation.pronouns import PRONOUNS, pronoun_scores, read_pronoun_list
 from docnmt_jax.models import ModelError
@@ -180,20 +179,6 @@ def measure_context(pronouns: object) -> dict:
     return result
 
 
-def _write_json_atomically(path: str, value: dict) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".contrastive-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(value, out, indent=2, ensure_ascii=False)
-            out.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def score_contrastive_set() -> dict:
     """``--contrastive``: read the set, score it with the run's model, write the result."""
     fmt = FLAGS.contrastive
@@ -236,7 +221,7 @@ def score_contrastive_set() -> dict:
             for inst, s in zip(instances, scores, strict=True)
         ],
     }
-    _write_json_atomically(out_path, result)
+    analysis.write_atomic(out_path, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     title = (
         f"{fmt} contrastive set {FLAGS.data}: {result['instances']} instances, "
         f"{result['candidates']} candidates; {model.name} of {FLAGS.workdir} (step {step})"

@@ -300,6 +300,14 @@ def test_batches_hold_whole_instances_in_few_shapes():
 GOOD = '{"src": "a . _eos b .", "dst": ["x . _eos y .", "x . _eos z ."], "true_ind": 0}'
 
 
+def _assert_one_line(error: Exception, prefix: str, reason: str) -> None:
+    """The error is one line ``FILE:LINE: reason`` with ``prefix`` and ``reason`` in it."""
+    msg = str(error)
+    assert "\n" not in msg
+    assert msg.startswith(prefix), msg
+    assert reason in msg
+
+
 @pytest.mark.parametrize(
     "name, text, line, reason",
     [
@@ -344,10 +352,7 @@ def test_malformed_voita(tmp_path, name, text, line, reason):
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ContrastiveFormatError) as e:
         cs.read_voita(path)
-    msg = str(e.value)
-    assert "\n" not in msg
-    assert msg.startswith(f"{path}:{line}: "), msg
-    assert reason in msg
+    _assert_one_line(e.value, f"{path}:{line}: ", reason)
 
 
 def _copy(src_dir, names, tmp_path):
@@ -402,10 +407,7 @@ def test_malformed_contrapro(tmp_path, file, line, text, where, reason):
     _edit(tmp_path / file, line, text)
     with pytest.raises(ContrastiveFormatError) as e:
         cs.read_contrapro(tmp_path / "contrapro.json")
-    msg = str(e.value)
-    assert "\n" not in msg
-    assert msg.startswith(f"{tmp_path / where[0]}:{where[1]}: "), msg
-    assert reason in msg
+    _assert_one_line(e.value, f"{tmp_path / where[0]}:{where[1]}: ", reason)
 
 
 def test_contrapro_needs_its_text_files(tmp_path):
@@ -440,10 +442,7 @@ def test_malformed_bawden(tmp_path, edits, where, reason):
         _edit(tmp_path / name, line, text)
     with pytest.raises(ContrastiveFormatError) as e:
         cs.read_bawden(tmp_path)
-    msg = str(e.value)
-    assert "\n" not in msg
-    assert msg.startswith(f"{tmp_path / where[0]}:{where[1]}: "), msg
-    assert reason in msg
+    _assert_one_line(e.value, f"{tmp_path / where[0]}:{where[1]}: ", reason)
 
 
 def test_unknown_format_and_missing_files(tmp_path):
