@@ -36,8 +36,13 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.tokenizer = ""  # existing sentencepiece model; empty: train WORKDIR/spm.model
     config.data.vocab_size = 8000  # joint sentencepiece vocabulary (trained on train only)
     config.data.max_sentences = 20  # sentences per chunk (document models; sentence models: 1)
-    config.data.max_src_len = 128  # tokens per source sentence incl. EOS (longer: truncated)
+    config.data.max_src_len = 128  # tokens per source sentence incl. EOS (longer: data.on_long)
     config.data.max_tgt_len = 128  # tokens per target sentence incl. EOS
+    # A training/dev sentence pair with a side over max_src_len/max_tgt_len: "error" stops with
+    # FILE:LINE, document and count; "skip" drops the pair and splits its document there;
+    # "truncate" keeps the first max_len - 1 tokens + EOS. Skips/truncations are counted in
+    # train.log. (Translation never cuts: translate.py grows its buckets or stops, naming the line.)
+    config.data.on_long = "error"  # a pair over the max lengths: error | skip | truncate
     config.data.batch_src_tokens = 2048  # padded source tokens per training batch
     config.data.batch_tgt_tokens = 2048  # padded target tokens per training batch
     config.data.eval_batch_tokens = 4096  # padded tokens per side per dev batch

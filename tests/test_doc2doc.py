@@ -394,6 +394,9 @@ class _FakeModel:
     def __init__(self, counts: bool):
         self.counts = counts
 
+    def max_source_len(self, sentences_per_chunk):
+        return None  # no source limit (Model protocol)
+
     def translate(self, params, batch, search):
         ids = jnp.zeros(batch["src"].shape[:2] + (3,), jnp.int32).at[..., 0].set(EOS_ID)
         if not self.counts:

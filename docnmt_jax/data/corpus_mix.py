@@ -26,11 +26,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from docnmt_jax.data.documents import Document
+from docnmt_jax.errors import UserError
 
 TRAIN_AS = ("documents", "sentences")
 
 
-class DataConfigError(ValueError):
+class DataConfigError(UserError, ValueError):
     """A mistake in ``config.data.train_as`` / ``config.data.mix`` (one line, no traceback)."""
 
 
@@ -52,7 +53,7 @@ def check_train_as(value: str, key: str = "config.data.train_as") -> str:
 def as_sentences(documents: Sequence[Document], seed: int) -> list[Document]:
     """Every sentence pair as its own document (id ``DOC#k``), in a seeded shuffled order."""
     singles = [
-        Document(f"{doc.doc_id}#{k}", (src,), (tgt,))
+        Document(f"{doc.doc_id}#{k}", (src,), (tgt,), doc.origin.shifted(k) if doc.origin else None)
         for doc in documents
         for k, (src, tgt) in enumerate(zip(doc.src, doc.tgt, strict=True))
     ]

@@ -10,10 +10,12 @@ import dataclasses
 import os
 from collections.abc import Iterable, Sequence
 
+from docnmt_jax.errors import UserError
+
 TSV_HEADER = ("doc_id", "src", "tgt")
 
 
-class CorpusFormatError(ValueError):
+class CorpusFormatError(UserError, ValueError):
     """A corpus file is malformed. The message is one line: ``FILE:LINE: reason``."""
 
     def __init__(self, path: str | os.PathLike, line: int | None, reason: str):
@@ -25,12 +27,39 @@ class CorpusFormatError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class Origin:
+    """Where a document's sentences are in their files: sentence ``k`` of the source is line
+    ``src_line + k`` of ``src_path`` (1-based), of the target line ``tgt_line + k`` of
+    ``tgt_path`` (the same file and line for a TSV). Every reader's documents occupy
+    consecutive lines, so the first line of each side is enough."""
+
+    src_path: str
+    src_line: int
+    tgt_path: str
+    tgt_line: int
+
+    def line(self, sentence: int, side: str = "source") -> str:
+        """``FILE:LINE`` of sentence ``sentence`` (0-based) on ``side`` (source | target)."""
+        if side == "source":
+            return f"{self.src_path}:{self.src_line + sentence}"
+        return f"{self.tgt_path}:{self.tgt_line + sentence}"
+
+    def shifted(self, sentences: int) -> Origin:
+        """The origin of the document that starts ``sentences`` sentences later."""
+        return dataclasses.replace(
+            self, src_line=self.src_line + sentences, tgt_line=self.tgt_line + sentences
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class Document:
-    """One parallel document: ``src[k]`` translates to ``tgt[k]``."""
+    """One parallel document: ``src[k]`` translates to ``tgt[k]``. ``origin``: where the
+    readers found it (None for generated documents); not part of equality."""
 
     doc_id: str
     src: tuple[str, ...]
     tgt: tuple[str, ...]
+    origin: Origin | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.src) != len(self.tgt):

@@ -3,8 +3,9 @@
 Stages (each usable on its own; this module re-exports the entry points of the first two):
 
 1. :func:`tokenize_corpus` (:mod:`docnmt_jax.data.tokenized`) encodes every sentence once (one
-   batched ``encode`` call per side), appends EOS and truncates sentences longer than the maximum
-   (``max_len - 1`` tokens + EOS, with a counted warning). Tokens are kept flat: one int32 array
+   batched ``encode`` call per side) and appends EOS; a sentence longer than the maximum is an
+   error naming it, its pair skipped or truncated (``max_len - 1`` tokens + EOS), as
+   ``PipelineConfig.on_long`` says (counted in the stats). Tokens are kept flat: one int32 array
    per side plus per-sentence offsets/lengths, so batch materialisation is a pair of vectorised
    gathers.
 2. :func:`plan_batches` (:mod:`docnmt_jax.data.batch_plan`) cuts documents into consecutive
@@ -89,6 +90,7 @@ from docnmt_jax.data.tokenized import (
     TokenizedCorpus,
     tokenize_corpus,
 )
+from docnmt_jax.errors import ConfigError
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -200,7 +202,7 @@ def make_dataset(
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     if plan.batches_per_epoch == 0 and plan.config.num_epochs is None:
-        raise ValueError("the plan has no batch per epoch: the corpus is too small")
+        raise ConfigError("the plan has no batch per epoch: the corpus is too small")
     if isinstance(plan, PackedPlan):
         signature = {k: tf.TensorSpec([None, None], tf.int32) for k in schema.PACKED_FEATURES}
         packed = tf.data.Dataset.from_generator(

@@ -33,7 +33,14 @@ from collections.abc import Iterator, Sequence
 
 from absl import logging
 
-from docnmt_jax.data.documents import TSV_HEADER, CorpusFormatError, Document, num_segments
+from docnmt_jax.data.documents import (
+    TSV_HEADER,
+    CorpusFormatError,
+    Document,
+    Origin,
+    num_segments,
+)
+from docnmt_jax.errors import ConfigError
 
 PathLike = str | os.PathLike
 
@@ -169,13 +176,15 @@ def iter_tsv(path: PathLike) -> Iterator[Document]:
                     f"{seen[doc_id]}, then document {cur_id!r} started at line {cur_start}",
                 )
             if cur_id is not None:
-                yield Document(cur_id, tuple(src), tuple(tgt))
+                yield Document(
+                    cur_id, tuple(src), tuple(tgt), Origin(path, cur_start, path, cur_start)
+                )
             cur_id, cur_start, src, tgt = doc_id, lineno, [], []
             seen[doc_id] = lineno
         src.append(s)
         tgt.append(t)
     if cur_id is not None:
-        yield Document(cur_id, tuple(src), tuple(tgt))
+        yield Document(cur_id, tuple(src), tuple(tgt), Origin(path, cur_start, path, cur_start))
 
 
 def read_tsv(path: PathLike) -> list[Document]:
@@ -287,7 +296,8 @@ def _align(
                 f"{sd.start} but {len(td.texts)} target sentences in {tgt_path} starting at "
                 f"line {td.start}{count_note}",
             )
-        docs.append(Document(doc_id, tuple(sd.texts), tuple(td.texts)))
+        origin = Origin(src_path, sd.lines[0], tgt_path, td.lines[0])
+        docs.append(Document(doc_id, tuple(sd.texts), tuple(td.texts), origin))
     if n_src != n_tgt:
         longer_path, extra = (
             (src_path, src_docs[n_tgt]) if n_src > n_tgt else (tgt_path, tgt_docs[n_src])
@@ -340,7 +350,7 @@ def _normalize_paths(paths: PathLike | Sequence[PathLike]) -> list[str]:
         if "," in p and not os.path.exists(p):
             parts = [q.strip() for q in p.split(",")]
             if len(parts) != 2 or not all(parts):
-                raise ValueError(
+                raise ConfigError(
                     f"expected one corpus path or 'src,tgt'; got {len(parts)} "
                     f"comma-separated parts in {p!r}"
                 )
@@ -348,7 +358,7 @@ def _normalize_paths(paths: PathLike | Sequence[PathLike]) -> list[str]:
         return [p]
     out = [os.fspath(p) for p in paths]
     if len(out) not in (1, 2):
-        raise ValueError(f"expected one corpus path or a (src, tgt) pair; got {len(out)} paths")
+        raise ConfigError(f"expected one corpus path or a (src, tgt) pair; got {len(out)} paths")
     return out
 
 
@@ -369,16 +379,16 @@ def read_corpus(paths: PathLike | Sequence[PathLike], fmt: str = "auto") -> list
     ``"text"`` (blank-line separated plain text) or ``"maruf"`` (``<d>``-marked plain text).
     """
     if fmt not in FORMATS:
-        raise ValueError(f"unknown corpus format {fmt!r}; expected one of {', '.join(FORMATS)}")
+        raise ConfigError(f"unknown corpus format {fmt!r}; expected one of {', '.join(FORMATS)}")
     ps = _normalize_paths(paths)
     if fmt == "auto":
         fmt = detect_format(ps)
     if fmt == "tsv":
         if len(ps) != 1:
-            raise ValueError(f"format 'tsv' takes one path; got {len(ps)}: {ps}")
+            raise ConfigError(f"format 'tsv' takes one path; got {len(ps)}: {ps}")
         return read_tsv(ps[0])
     if len(ps) != 2:
-        raise ValueError(f"format {fmt!r} takes a (src, tgt) pair of paths; got {ps}")
+        raise ConfigError(f"format {fmt!r} takes a (src, tgt) pair of paths; got {ps}")
     if fmt == "text":
         return read_parallel_text(ps[0], ps[1])
     return read_maruf(ps[0], ps[1])
@@ -390,22 +400,16 @@ def read_corpus(paths: PathLike | Sequence[PathLike], fmt: str = "auto") -> list
 _SOURCE_HEADERS = ("doc_id\tsrc", "doc_id\tsrc\ttgt")
 
 
-def iter_source_documents(path: PathLike) -> Iterator[tuple[str, list[str], int]]:
-    """Streams ``(doc_id, source sentences, first line)`` of a file to translate.
-
-    A TSV (detected by a tab in the first non-blank line) has rows ``doc_id<TAB>src`` or
-    ``doc_id<TAB>src<TAB>tgt`` (header optional, a document's rows contiguous); any other
-    file is plain text, one sentence per line, a blank line between documents, doc ids
-    ``"{basename}:{n}"``. Reads line by line, so memory does not grow with the file. Errors
-    are :class:`CorpusFormatError` naming the line.
-    """
+def iter_source_rows(path: PathLike) -> Iterator[tuple[str, str, int]]:
+    """Streams ``(doc_id, source sentence, line)`` of a file to translate, one per sentence
+    (the format and errors of :func:`iter_source_documents`)."""
     path = os.fspath(path)
     first = _first_nonblank_line(path)
     is_tsv = first is not None and "\t" in first
     base = os.path.basename(path)
     cur_id: str | None = None
-    cur_start = 0
-    sentences: list[str] = []
+    documents = 0  # plain text: documents started so far
+    in_document = False
     seen: set[str] = set()
     columns = None
     with open(path, "rb") as f:
@@ -421,14 +425,11 @@ def iter_source_documents(path: PathLike) -> Iterator[tuple[str, list[str], int]
             line = line.rstrip("\n").rstrip("\r")
             if not is_tsv:
                 if _is_blank(line):
-                    if sentences:
-                        yield f"{base}:{len(seen)}", sentences, cur_start
-                        seen.add(str(len(seen)))
-                        sentences = []
+                    in_document = False
                     continue
-                if not sentences:
-                    cur_start = lineno
-                sentences.append(line)
+                if not in_document:
+                    in_document, documents = True, documents + 1
+                yield f"{base}:{documents - 1}", line, lineno
                 continue
             if _is_blank(line):
                 continue  # blank rows carry nothing in a TSV to translate
@@ -451,12 +452,41 @@ def iter_source_documents(path: PathLike) -> Iterator[tuple[str, list[str], int]
                     raise CorpusFormatError(
                         path, lineno, f"rows of document {doc_id!r} are not contiguous"
                     )
-                if cur_id is not None:
-                    yield cur_id, sentences, cur_start
                 seen.add(doc_id)
-                cur_id, cur_start, sentences = doc_id, lineno, []
-            sentences.append(src)
-    if is_tsv and cur_id is not None:
+                cur_id = doc_id
+            yield doc_id, src, lineno
+
+
+def iter_source_documents(path: PathLike) -> Iterator[tuple[str, list[str], int]]:
+    """Streams ``(doc_id, source sentences, first line)`` of a file to translate.
+
+    A TSV (detected by a tab in the first non-blank line) has rows ``doc_id<TAB>src`` or
+    ``doc_id<TAB>src<TAB>tgt`` (header optional, a document's rows contiguous); any other
+    file is plain text, one sentence per line, a blank line between documents, doc ids
+    ``"{basename}:{n}"``. Reads line by line, so memory does not grow with the file. Errors
+    are :class:`CorpusFormatError` naming the line.
+    """
+    cur_id: str | None = None
+    cur_start = 0
+    sentences: list[str] = []
+    for doc_id, sentence, lineno in iter_source_rows(path):
+        if doc_id != cur_id:
+            if cur_id is not None:
+                yield cur_id, sentences, cur_start
+            cur_id, cur_start, sentences = doc_id, lineno, []
+        sentences.append(sentence)
+    if cur_id is not None:
         yield cur_id, sentences, cur_start
-    elif not is_tsv and sentences:
-        yield f"{base}:{len(seen)}", sentences, cur_start
+
+
+def find_source_line(path: PathLike, doc_id: str, sentence: str) -> int | None:
+    """The line of ``sentence`` in document ``doc_id`` of a file to translate; else its first
+    line in any document (a document rebuilt from several, e.g. random contexts); else None.
+    Reads the whole file: for error messages."""
+    anywhere = None
+    for row_doc, text, lineno in iter_source_rows(path):
+        if text == sentence:
+            if row_doc == doc_id:
+                return lineno
+            anywhere = anywhere or lineno
+    return anywhere

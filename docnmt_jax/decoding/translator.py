@@ -9,10 +9,26 @@ detokenised sentences back in input order, and streams long inputs block by bloc
 does not grow with the input. ``translate.py`` and dev BLEU during training run this same
 class, on one device or on a mesh (``mesh``: batch rows split over ``data x fsdp``).
 
-``aux`` holds per-chunk arrays ``[B]``. Known key: ``"sentence_counts"``, the number of
+``aux`` holds per-chunk arrays ``[B]``. Known keys: ``"sentence_counts"``, the number of
 sentences the model produced for each chunk (models that translate a chunk as one sequence,
 e.g. ``models/concat.py``); the translator counts the chunks where it differs from the
-source's (:class:`TranslationStats`).
+source's (:class:`TranslationStats`). ``"output_capped"``: whether the chunk's translation
+stopped at an absolute cap (below).
+
+Nothing is truncated (issue 20, item 5). Sources: every block of documents is tokenised whole;
+when its longest sentence (EOS included) is longer than ``max_src_len`` (256 by default), the
+block's source limit doubles until it holds it (``256 -> 512 -> 1024 ...``, each doubling a new
+length bucket, so compilations stay few), up to what the model takes
+(:meth:`~docnmt_jax.models.base.BaseModel.max_source_len`: no limit but for Doc2Doc, whose
+chunks of ``S`` sentences of ``T`` slots must fit ``model.max_len``). A longer sentence stops
+the run with a one-line :class:`~docnmt_jax.errors.TextTooLongError` naming the document, the
+sentence and, when :attr:`Translator.source_file` is set (``translate.py`` sets it), the file
+and line. Outputs: a sentence's output limit stays ``min(max_len, floor(len_a * source tokens +
+len_b))``, except that batches in a grown bucket of ``T`` slots get the cap ``max(max_len,
+floor(len_a * T + len_b))`` (the default cap is sized for the default bucket). A translation that
+stops at the cap below its ``len_a * tokens + len_b`` budget (it may be cut) is counted
+(``TranslationStats.output_capped``) and named in the summary; so is every sentence translated in
+a grown bucket.
 """
 
 from __future__ import annotations
@@ -27,10 +43,20 @@ import numpy as np
 
 from docnmt_jax import parallel
 from docnmt_jax.data import pipeline as pipeline_lib
+from docnmt_jax.data import readers
 from docnmt_jax.data.documents import Document
-from docnmt_jax.data.tokenizer import Tokenizer
-from docnmt_jax.decoding.search import SearchConfig, compile_translate
+from docnmt_jax.data.tokenized import LongSentencesError, TokenizedCorpus
+from docnmt_jax.data.tokenizer import PAD_ID, Tokenizer
+from docnmt_jax.decoding.search import SearchConfig, TranslateFn, compile_translate
+from docnmt_jax.errors import TextTooLongError
 from docnmt_jax.models.base import Model
+
+#: The source limit used to tokenise a block for a model without one (nothing is cut).
+UNLIMITED = 2**31 - 1
+#: The default ceiling on a source sentence's tokens (EOS included), whatever the model takes:
+#: beyond it decoding memory and time (quadratic in the length) exceed a machine's, so such a
+#: sentence is an error naming its line, not a crash (``translate.py --max_source_tokens``).
+MAX_SOURCE_TOKENS = 1024
 
 
 @dataclasses.dataclass
@@ -39,6 +65,11 @@ class TranslationStats:
 
     ``sentence_count_mismatches``: chunks whose translation has a different number of sentences
     than the source (``None`` unless the model reports ``aux["sentence_counts"]``).
+    ``long_sentences``: sentences longer than the default source limit ``default_source_len``,
+    translated in grown buckets of up to ``largest_source_bucket`` slots. ``output_capped``:
+    translations (sentences; chunks for models that report ``aux["output_capped"]``) that
+    stopped at the absolute output cap ``output_cap`` below their ``len_a * tokens + len_b``
+    budget.
     """
 
     documents: int = 0
@@ -49,6 +80,11 @@ class TranslationStats:
     seconds: float = 0.0
     shapes: set[tuple[int, ...]] = dataclasses.field(default_factory=set)
     sentence_count_mismatches: int | None = None
+    default_source_len: int = 0
+    long_sentences: int = 0
+    largest_source_bucket: int = 0
+    output_cap: int = 0
+    output_capped: int = 0
 
     @property
     def compilations(self) -> int:
@@ -66,6 +102,18 @@ class TranslationStats:
             text += (
                 f"; sentence count differs from the source in {self.sentence_count_mismatches}"
                 f"/{self.chunks} chunks ({rate:.1f}%)"
+            )
+        if self.long_sentences:
+            text += (
+                f"; {self.long_sentences} sentences longer than {self.default_source_len} "
+                f"source tokens translated whole in buckets of up to "
+                f"{self.largest_source_bucket} tokens"
+            )
+        if self.output_capped:
+            text += (
+                f"; WARNING: {self.output_capped} translations stopped at the output cap "
+                f"max_len={self.output_cap} below their len_a * source + len_b budget (they may "
+                "be cut: raise --max_len)"
             )
         return text
 
@@ -90,9 +138,32 @@ def trim_padding_rows(batch: dict[str, np.ndarray], multiple: int = 1) -> dict[s
     return {key: value[:target] for key, value in batch.items()}
 
 
+def count_capped(
+    batch: dict[str, np.ndarray], ids: np.ndarray, aux: dict[str, Any], search: SearchConfig
+) -> int:
+    """Translations of the real rows of ``batch`` that stopped at an absolute output cap below
+    their ``len_a * tokens + len_b`` budget: the chunks flagged by ``aux["output_capped"]``
+    when the model reports it, else (models searching each sentence with
+    :func:`~docnmt_jax.decoding.search.sentence_limits`) the sentences whose output fills all
+    ``L = ids.shape[-1]`` slots while their budget is larger."""
+    real = batch["doc_index"] >= 0
+    if "output_capped" in aux:
+        return int(np.sum(np.asarray(jax.device_get(aux["output_capped"])) & real))
+    tokens = np.sum(batch["src_mask"] > 0, axis=-1)
+    budget = np.floor(search.len_a * tokens + search.len_b)
+    produced = np.sum(ids != PAD_ID, axis=-1)
+    sentences = (batch["sentence_mask"] > 0) & real[:, None]
+    limit = ids.shape[-1]
+    return int(np.sum(sentences & (produced >= limit) & (budget > limit)))
+
+
 class Translator:
     """Translates documents with ``model`` and ``params`` on the pipeline's fixed shapes; with
-    ``mesh`` on that device mesh (``params`` must then carry their shardings)."""
+    ``mesh`` on that device mesh (``params`` must then carry their shardings).
+
+    ``max_src_len`` is the default source limit; a block with a longer sentence gets a larger
+    one (module docstring). ``source_file``: the file the documents come from, if any; a
+    sentence too long for the model is then reported with its line there."""
 
     def __init__(
         self,
@@ -104,11 +175,15 @@ class Translator:
         max_src_len: int = 256,
         max_sentences: int = 20,
         mesh: parallel.Layout | None = None,
+        max_source_tokens: int | None = MAX_SOURCE_TOKENS,
     ):
         self.model = model
         self.params = params
         self.tokenizer = tokenizer
         self.search = search
+        self.mesh = mesh
+        self.source_file: str | None = None
+        self.max_source_tokens = max_source_tokens
         self.pipeline_config = pipeline_lib.PipelineConfig(
             max_sentences=max_sentences,
             max_src_len=max_src_len,
@@ -126,8 +201,9 @@ class Translator:
             whole_documents=model.whole_documents,
             batch_multiple=mesh.batch_shards if mesh is not None else 1,
         )
-        self.stats = TranslationStats()
+        self.stats = TranslationStats(default_source_len=max_src_len, output_cap=search.max_len)
         self._search = compile_translate(model, search, mesh)
+        self._grown_searches: dict[int, TranslateFn] = {}
 
     def translate(self, documents: Sequence[Document]) -> list[list[str]]:
         """The translation of every sentence of ``documents``, document by document."""
@@ -135,11 +211,12 @@ class Translator:
         out: list[list[str | None]] = [[None] * len(doc) for doc in documents]
         # Only the source matters; references (if any) are not looked at.
         sources = [Document(d.doc_id, d.src, ("",) * len(d)) for d in documents]
-        plan = pipeline_lib.plan_batches(sources, self.tokenizer.encode_batch, self.pipeline_config)
+        plan = pipeline_lib.plan_batches(self._tokenize(sources))
         for batch in pipeline_lib.numpy_batches(plan):
             batch = trim_padding_rows(batch, self.pipeline_config.batch_multiple)
             self.stats.shapes.add(tuple(batch["src"].shape))
-            ids, aux = self._search(self.params, batch)
+            search, translate = self._search_for(batch["src"].shape[-1])
+            ids, aux = translate(self.params, batch)
             ids = np.asarray(jax.device_get(ids))
             counts = aux.get("sentence_counts")
             if counts is not None:
@@ -150,6 +227,7 @@ class Translator:
                 self.stats.sentence_count_mismatches = (
                     self.stats.sentence_count_mismatches or 0
                 ) + mismatches
+            self.stats.output_capped += count_capped(batch, ids, aux, search)
             self.stats.batches += 1
             for row, doc in enumerate(batch["doc_index"]):
                 if doc < 0:
@@ -172,6 +250,81 @@ class Translator:
         self.stats.sentences += sum(len(doc) for doc in documents)
         self.stats.seconds += time.perf_counter() - start
         return out  # type: ignore[return-value]
+
+    def _tokenize(self, sources: Sequence[Document]) -> TokenizedCorpus:
+        """``sources`` tokenised whole, under the source limit that holds their longest
+        sentence (the default doubled as needed, at most the model's); a sentence longer than
+        the model takes raises :class:`TextTooLongError`."""
+        config = self.pipeline_config
+        model_limit = self.source_limit()
+        whole = dataclasses.replace(config, max_src_len=model_limit or UNLIMITED, on_long="error")
+        try:
+            corpus = pipeline_lib.tokenize_corpus(sources, self.tokenizer.encode_batch, whole)
+        except LongSentencesError as e:
+            raise self._too_long(e, sources) from None
+        limit, buckets = config.max_src_len, list(config.length_buckets)
+        while limit < corpus.src.longest:
+            limit *= 2
+            buckets.append(limit)
+        if model_limit is not None:
+            limit = min(limit, model_limit)
+        grown = corpus.src.lengths > config.max_src_len
+        if grown.any():
+            self.stats.long_sentences += int(grown.sum())
+            self.stats.largest_source_bucket = max(self.stats.largest_source_bucket, limit)
+        block = dataclasses.replace(config, max_src_len=limit, length_buckets=tuple(buckets))
+        # Nothing was cut (every sentence is within ``limit``): the corpus under the block's
+        # limit is the same tokens.
+        src = dataclasses.replace(corpus.src, max_len=limit)
+        return dataclasses.replace(corpus, src=src, config=block)
+
+    def source_limit(self) -> int | None:
+        """The most source tokens (EOS included) a sentence may have: the model's limit
+        (:meth:`~docnmt_jax.models.base.BaseModel.max_source_len`) and ``max_source_tokens``,
+        whichever is smaller (``None``: no limit)."""
+        limits = [
+            self.model.max_source_len(self.pipeline_config.sentences_per_chunk),
+            self.max_source_tokens,
+        ]
+        return min((x for x in limits if x is not None), default=None)
+
+    def _too_long(self, error: LongSentencesError, sources: Sequence[Document]) -> TextTooLongError:
+        """The one-line error for a sentence longer than the model takes, with its file and
+        line when :attr:`source_file` is set."""
+        doc = sources[error.doc_index]
+        where = ""
+        if self.source_file is not None:
+            line = readers.find_source_line(self.source_file, doc.doc_id, doc.src[error.sentence])
+            where = f"{self.source_file}:{line}: " if line else f"{self.source_file}: "
+        model_limit = self.model.max_source_len(self.pipeline_config.sentences_per_chunk)
+        if model_limit is not None and error.limit == model_limit:
+            limit = (
+                f"the model takes at most {error.limit} in chunks of "
+                f"{self.pipeline_config.sentences_per_chunk} sentences"
+            )
+        else:
+            limit = (
+                f"the limit is max_source_tokens={error.limit} (translate.py "
+                "--max_source_tokens; decoding memory grows with the square of the length)"
+            )
+        return TextTooLongError(
+            f"{where}document {doc.doc_id!r} sentence {error.sentence + 1} has {error.tokens} "
+            f"source tokens (EOS included); {limit}"
+        )
+
+    def _search_for(self, source_len: int) -> tuple[SearchConfig, TranslateFn]:
+        """The search settings and compiled search of batches of ``source_len`` source slots:
+        the translator's own, or for a bucket beyond the default source limit the same with
+        the cap ``max(max_len, floor(len_a * source_len + len_b))``."""
+        search = self.search
+        if source_len > self.pipeline_config.max_src_len:
+            wanted = int(np.floor(search.len_a * source_len + search.len_b))
+            search = dataclasses.replace(search, max_len=max(search.max_len, wanted))
+        if search.max_len == self.search.max_len:
+            return self.search, self._search
+        if search.max_len not in self._grown_searches:
+            self._grown_searches[search.max_len] = compile_translate(self.model, search, self.mesh)
+        return search, self._grown_searches[search.max_len]
 
     def translate_stream(
         self, documents: Iterable[tuple[str, list[str]]], block_documents: int = 256

@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from docnmt_jax.errors import UserError
 from docnmt_jax.training import losses
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ Batch = dict[str, Array]
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
-class ModelError(ValueError):
+class ModelError(UserError, ValueError):
     """A user's mistake in the model configuration or its use (one-line message)."""
 
 
@@ -141,6 +142,8 @@ class Model(Protocol):
 
     @property
     def whole_documents(self) -> bool: ...
+
+    def max_source_len(self, sentences_per_chunk: int) -> int | None: ...
 
     def init(self, rng: Array, batch: Batch) -> PyTree: ...
 
@@ -222,6 +225,13 @@ class BaseModel:
     def check_data(self, config: PipelineConfig) -> None:
         """Raises :class:`ModelError` (naming the config keys) when batches of the pipeline
         ``config`` break an assumption of the model; default: none."""
+
+    def max_source_len(self, sentences_per_chunk: int) -> int | None:
+        """The longest source sentence (tokens, EOS included) the model can translate in
+        chunks of up to ``sentences_per_chunk`` sentences, or None: no limit (the default;
+        positions are sinusoidal, computed on the fly). The translator grows its source
+        length buckets up to this (:mod:`docnmt_jax.decoding.translator`)."""
+        return None
 
     # Interface ---------------------------------------------------------------------------
 

@@ -207,6 +207,11 @@ class Doc2DocModel(BaseModel):
         """Whole chunks laid end to end in rows of 1,024 slots (2,048 for the longest)."""
         return PackingConfig(unit="chunk", row_tokens=1024)
 
+    def max_source_len(self, sentences_per_chunk: int) -> int:
+        """A grid chunk of ``S`` sentences of ``T`` slots is packed into ``S * T`` positions,
+        which must fit ``max_len``: ``T`` at most ``max_len // sentences_per_chunk``."""
+        return max(1, self.config.max_len // sentences_per_chunk)
+
     def check_data(self, config: PipelineConfig) -> None:
         """A packed row holds whole chunks of up to ``max_sentences * max_len`` slots per side;
         that bound must fit ``max_len`` (the grid checks each batch's ``S * T`` instead)."""
@@ -274,7 +279,9 @@ class Doc2DocModel(BaseModel):
 
         Returns ids ``[B, S, L]`` (``L`` = the static output length of the chunk; every real
         sentence EOS-terminated, PAD after; padding sentences PAD) and
-        ``{"sentence_counts": [B]}``, the number of sentences of each chunk's translation.
+        ``{"sentence_counts": [B], "output_capped": [B]}``: the number of sentences of each
+        chunk's translation, and whether it stopped at a cap (``search.max_len`` per sentence
+        or ``max_len`` per chunk) below its ``len_a * tokens + len_b`` budget.
         """
         src_mask = batch["src_mask"]
         B, S, T = batch["src"].shape
@@ -286,4 +293,9 @@ class Doc2DocModel(BaseModel):
         )  # BOS is the sentence separator
         real = jnp.any(src_mask > 0, axis=-1)
         ids, counts = split_sentences(result.sequences[:, 0], real)
-        return ids, {"sentence_counts": counts}
+        wanted = source_length_limits(
+            src_mask.reshape(B * S, T), search.len_a, search.len_b, 2**30
+        ).reshape(B, S)
+        wanted = jnp.sum(jnp.where(real, wanted, 0), axis=-1)  # the budget without caps
+        capped = (result.lengths[:, 0] >= limits) & (wanted > limits)
+        return ids, {"sentence_counts": counts, "output_capped": capped}
