@@ -29,35 +29,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from typing import NoReturn
 
 from absl import logging
 
+from docnmt_jax import cli
 from docnmt_jax.data import readers
-from docnmt_jax.data.documents import CorpusFormatError, Document
+from docnmt_jax.data.documents import Document
 from docnmt_jax.decoding.search import SearchConfig
+from docnmt_jax.errors import UserError
 from docnmt_jax.evaluation import analysis
-from docnmt_jax.models import ModelError
 from docnmt_jax.training import restore
 
 PROG = "analyze.py"
-
-
-class UsageError(Exception):
-    """A user mistake: reported as one line, exit status 2."""
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with its errors on one line (``analyze.py: error: ...``, status 2)."""
-
-    def error(self, message: str) -> NoReturn:
-        fail(f"{message} (see {PROG} --help)")
-
-
-def fail(message: str) -> NoReturn:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -65,16 +48,16 @@ def parse_sizes(text: str) -> list[int]:
     try:
         sizes = [int(part) for part in text.split(",")]
     except ValueError:
-        raise UsageError(f"--sizes={text!r}: expected integers separated by commas") from None
+        raise UserError(f"--sizes={text!r}: expected integers separated by commas") from None
     if any(k < 0 for k in sizes):
-        raise UsageError(f"--sizes={text!r}: context sizes must be >= 0")
+        raise UserError(f"--sizes={text!r}: context sizes must be >= 0")
     if len(set(sizes)) != len(sizes):
-        raise UsageError(f"--sizes={text!r}: a size is repeated")
+        raise UserError(f"--sizes={text!r}: a size is repeated")
     return sizes
 
 
-def build_parser() -> Parser:
-    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
+def build_parser() -> cli.ArgumentParser:
+    parser = cli.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, text: str, search: bool) -> argparse.ArgumentParser:
@@ -106,21 +89,21 @@ def build_parser() -> Parser:
 
 def check_workdir(workdir: str) -> None:
     if not os.path.isfile(os.path.join(workdir, "config.json")):
-        raise UsageError(f"--workdir={workdir!r}: no config.json there (not a training run)")
+        raise UserError(f"--workdir={workdir!r}: no config.json there (not a training run)")
 
 
 def read_references(path: str) -> list[Document]:
     if not os.path.isfile(path):
-        raise UsageError(f"--input={path!r}: no such file")
+        raise UserError(f"--input={path!r}: no such file")
     documents = readers.read_tsv(path)
     if not documents:
-        raise UsageError(f"--input={path!r}: no documents")
+        raise UserError(f"--input={path!r}: no documents")
     return documents
 
 
 def search_config(args: argparse.Namespace) -> SearchConfig:
     if args.beam < 1:
-        raise UsageError(f"--beam={args.beam}: must be >= 1")
+        raise UserError(f"--beam={args.beam}: must be >= 1")
     return SearchConfig(beam_size=args.beam, alpha=args.alpha)
 
 
@@ -153,7 +136,7 @@ def run_context_curve(args: argparse.Namespace) -> None:
 def run_attention(args: argparse.Namespace) -> None:
     check_workdir(args.workdir)
     if not os.path.isfile(args.input):
-        raise UsageError(f"--input={args.input!r}: no such file")
+        raise UserError(f"--input={args.input!r}: no such file")
     found = None
     ids = []
     for doc_id, sentences, _ in readers.iter_source_documents(args.input):
@@ -163,7 +146,7 @@ def run_attention(args: argparse.Namespace) -> None:
             break
     if found is None:
         shown = ", ".join(repr(i) for i in ids[:5]) + (" ..." if len(ids) > 5 else "")
-        raise UsageError(f"--doc={args.doc!r} is not a document of {args.input} ({shown})")
+        raise UserError(f"--doc={args.doc!r} is not a document of {args.input} ({shown})")
     translator, step = restore.load_translator(args.workdir, args.checkpoint, SearchConfig())
     model = translator.model
     amap = analysis.attention_map(
@@ -211,11 +194,8 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.set_verbosity(logging.WARNING)
-    try:
-        COMMANDS[args.command](args)
-    except (UsageError, ModelError, CorpusFormatError, OSError, ValueError) as e:
-        fail(str(e))
+    COMMANDS[args.command](args)
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_argparse(main)

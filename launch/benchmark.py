@@ -35,16 +35,15 @@ section prints a markdown table; ``--json`` writes all results to one file.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from typing import Any
 
-from docnmt_jax import benchmarking
-from docnmt_jax.benchmarking.workload import SIZES, UsageError
+from docnmt_jax import benchmarking, cli
+from docnmt_jax.benchmarking.workload import SIZES
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
         "--sections",
         help=f"comma-separated of {', '.join(benchmarking.SECTIONS)}; "
@@ -117,19 +116,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--max-len", type=int, default=128, help="max tokens per sentence (+EOS)")
     g.add_argument("--batch-tokens", type=int, default=2048, help="padded slots per side")
     args = p.parse_args(argv)
-    try:
-        return benchmarking.apply_presets(args)
-    except ValueError as e:
-        p.error(str(e))
+    return benchmarking.apply_presets(args)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    try:
-        return benchmarking.run(args)
-    except UsageError as e:  # a user's mistake: one line, no traceback
-        sys.exit(f"benchmark.py: {e}")
+    return benchmarking.run(parse_args(argv))
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_argparse(main)

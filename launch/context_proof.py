@@ -12,10 +12,10 @@ FINAL sees the whole chunk and can reach 100%. The library: ``docnmt_jax.evaluat
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
+from docnmt_jax import cli
 from docnmt_jax.config_files import load_config
 from docnmt_jax.evaluation.context_proof import (
     CURRICULUM,
@@ -26,10 +26,11 @@ from docnmt_jax.evaluation.context_proof import (
     run,
     warm_start,
 )
+from docnmt_jax.files import write_atomic
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, help="config file, e.g. configs/final.py")
     p.add_argument("--workdir", required=True)
     p.add_argument("--data_dir", default="", help="synthetic corpus; default WORKDIR/data")
@@ -97,9 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     scores = run(config, os.path.join(args.workdir, "model"), track=args.track)
     print(markdown(scores, os.path.basename(args.config)))
     if args.json_out:
-        with open(args.json_out, "w", encoding="utf-8") as f:
-            json.dump(scores, f, indent=2, default=str)
+        write_atomic(args.json_out, json.dumps(scores, indent=2, default=str) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_argparse(main)

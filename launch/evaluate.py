@@ -11,7 +11,7 @@ text, one sentence per line, blank lines between documents. ``--ref``: the corpu
 ``doc_id<TAB>src<TAB>tgt``, a TSV ``doc_id<TAB>tgt``, or plain text. A file is a TSV when its
 first line holds a tab. Documents are matched by doc id (by position if either file is plain
 text); see :mod:`docnmt_jax.evaluation.metrics`. Prints a report, or with ``--json`` one JSON
-object, on stdout; a malformed or mismatched file exits with status 1 and a one-line error.
+object, on stdout; a malformed or mismatched file exits with status 2 and a one-line error.
 
 **How much a document model uses its context** (Jean & Cho 2019, Table 1, Sec. 4.4, Fig. 1)::
 
@@ -56,17 +56,18 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from absl import app, flags, logging
 
+from docnmt_jax import cli
 from docnmt_jax.data import contrastive_sets, readers
 from docnmt_jax.data.documents import CorpusFormatError
 from docnmt_jax.decoding.search import SearchConfig
+from docnmt_jax.errors import UserError
 from docnmt_jax.evaluation import analysis, context_marginal, contrastive
 from docnmt_jax.evaluation.metrics import evaluate_files, format_report, score_documents
 from docnmt_jax.evaluation.pronouns import PRONOUNS, pronoun_scores, read_pronoun_list
-from docnmt_jax.models import ModelError
+from docnmt_jax.files import write_atomic
 from docnmt_jax.training import restore
 
 FLAGS = flags.FLAGS
@@ -138,15 +139,11 @@ def write_outputs(
         (f"random_{s}", h) for s, h in zip(usage.seeds, usage.hypotheses_random, strict=True)
     ]
     for name, hyps in named:
-        with open(os.path.join(out_dir, f"hyp.{name}.tsv"), "w", encoding="utf-8") as out:
-            out.write("doc_id\thyp\n")
-            for doc, sentences in zip(docs, hyps, strict=True):
-                out.writelines(f"{doc.doc_id}\t{h.replace(chr(9), ' ')}\n" for h in sentences)
+        analysis.write_hypotheses(os.path.join(out_dir, f"hyp.{name}.tsv"), docs, hyps)
     rows = context_marginal.figure_table(usage, docs)
     title = f"{os.path.basename(os.path.normpath(FLAGS.workdir))}: cumulative BLEU"
     result["figure"] = context_marginal.write_figure(rows, os.path.join(out_dir, "figure1"), title)
-    with open(os.path.join(out_dir, "context.json"), "w", encoding="utf-8") as out:
-        json.dump(result, out, indent=2)
+    write_atomic(os.path.join(out_dir, "context.json"), json.dumps(result, indent=2) + "\n")
 
 
 def measure_context(pronouns: object) -> dict:
@@ -183,13 +180,13 @@ def score_contrastive_set() -> dict:
     """``--contrastive``: read the set, score it with the run's model, write the result."""
     fmt = FLAGS.contrastive
     if fmt not in contrastive_sets.READERS:
-        raise ValueError(
+        raise UserError(
             f"--contrastive: unknown format {fmt!r}; one of {', '.join(contrastive_sets.READERS)}"
         )
     if not FLAGS.data:
-        raise ValueError("--contrastive needs --data (the test set)")
+        raise UserError("--contrastive needs --data (the test set)")
     if not FLAGS.workdir:
-        raise ValueError("--contrastive needs --workdir (the run whose model scores the set)")
+        raise UserError("--contrastive needs --workdir (the run whose model scores the set)")
     langs = FLAGS.contrastive_langs.split(",") if FLAGS.contrastive_langs else None
     instances = contrastive_sets.read_contrastive_set(fmt, FLAGS.data, langs)
     model, tokenizer, config = restore.load_model(FLAGS.workdir)
@@ -221,7 +218,7 @@ def score_contrastive_set() -> dict:
             for inst, s in zip(instances, scores, strict=True)
         ],
     }
-    analysis.write_atomic(out_path, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    write_atomic(out_path, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     title = (
         f"{fmt} contrastive set {FLAGS.data}: {result['instances']} instances, "
         f"{result['candidates']} candidates; {model.name} of {FLAGS.workdir} (step {step})"
@@ -231,12 +228,8 @@ def score_contrastive_set() -> dict:
 
 
 def contrastive_main() -> None:
-    """``--contrastive``: a user's mistake prints one line and exits with status 2."""
-    try:
-        result = score_contrastive_set()
-    except (CorpusFormatError, OSError, ValueError, ModelError) as e:
-        print(f"evaluate.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    """``--contrastive``: score the set and print the result."""
+    result = score_contrastive_set()
     if FLAGS.json:
         print(json.dumps({k: v for k, v in result.items() if k != "report"}, indent=2))
     else:
@@ -257,21 +250,15 @@ def main(argv: list[str]) -> None:
     pronouns = source = None
     if FLAGS.pronouns or FLAGS.pronoun_list:
         pronouns = source = FLAGS.pronoun_lang
-    try:
-        if FLAGS.pronoun_list:
-            pronouns, source = read_pronoun_list(FLAGS.pronoun_list), FLAGS.pronoun_list
-        result = context = None
-        if FLAGS.hyp:
-            result = evaluate_files(
-                FLAGS.hyp, FLAGS.ref, lowercase=FLAGS.lowercase, pronouns=pronouns
-            )
-            if pronouns is not None:
-                result["pronouns"]["list"] = source
-        if FLAGS.workdir:
-            context = measure_context(pronouns)
-    except (CorpusFormatError, OSError, ValueError, ModelError) as e:
-        print(f"evaluate.py: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    if FLAGS.pronoun_list:
+        pronouns, source = read_pronoun_list(FLAGS.pronoun_list), FLAGS.pronoun_list
+    result = context = None
+    if FLAGS.hyp:
+        result = evaluate_files(FLAGS.hyp, FLAGS.ref, lowercase=FLAGS.lowercase, pronouns=pronouns)
+        if pronouns is not None:
+            result["pronouns"]["list"] = source
+    if FLAGS.workdir:
+        context = measure_context(pronouns)
     if FLAGS.json:
         out = dict(result or {})
         if context is not None:
@@ -285,4 +272,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

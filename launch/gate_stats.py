@@ -13,18 +13,17 @@ feature and the *context share*: per token, ``|g * x_hat_c| / (|g * x_hat_c| + |
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from docnmt_jax import cli
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data import readers
-from docnmt_jax.data.documents import CorpusFormatError
+from docnmt_jax.errors import UserError
 from docnmt_jax.models import doct
 from docnmt_jax.training import restore, trainer
 
@@ -76,22 +75,18 @@ def gate_statistics(model, params, tokenizer, docs: list, config) -> dict:
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", required=True, help="a jean_cho run")
     p.add_argument("--tsv", required=True, help="corpus TSV doc_id<TAB>src<TAB>tgt")
     p.add_argument("--checkpoint", default="latest")
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
-    try:
-        model, tokenizer, config = restore.load_model(args.workdir)
-        if model.name != "jean_cho":
-            raise ValueError(f"{args.workdir}: model {model.name!r} is not jean_cho (no gate)")
-        params, step = restore.load_params(model, args.workdir, args.checkpoint)
-        docs = readers.read_tsv(args.tsv)
-    except (CorpusFormatError, OSError, ValueError) as e:
-        print(f"gate_stats.py: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    args = p.parse_args(argv)
+    model, tokenizer, config = restore.load_model(args.workdir)
+    if model.name != "jean_cho":
+        raise UserError(f"{args.workdir}: model {model.name!r} is not jean_cho (no gate)")
+    params, step = restore.load_params(model, args.workdir, args.checkpoint)
+    docs = readers.read_tsv(args.tsv)
     result = {"workdir": args.workdir, "step": step, "gate": model.config.gate}
     result |= gate_statistics(model, params, tokenizer, docs, config)
     if args.json:
@@ -108,4 +103,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_argparse(main)

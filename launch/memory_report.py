@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import os
 
+from docnmt_jax import cli
+
 MiB = 2**20
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="configs/final_base.py", help="config file")
     parser.add_argument(
         "--meshes",
@@ -84,4 +86,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_argparse(main)

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 
 from absl import app, flags, logging
 
+from docnmt_jax import cli
 from docnmt_jax.data import bible, synthetic
 
 FLAGS = flags.FLAGS
@@ -41,7 +41,11 @@ def _prepare_synthetic(out_dir: str) -> str:
     config = synthetic.SyntheticConfig(
         num_documents=FLAGS.synthetic_train_documents, seed=FLAGS.seed
     )
-    splits = {"train": config.num_documents, "dev": 500, "test": 1000}
+    splits = {
+        "train": config.num_documents,
+        "dev": FLAGS.synthetic_dev_documents,
+        "test": FLAGS.synthetic_test_documents,
+    }
     synthetic.write_corpus(out_dir, config, splits)
     with open(os.path.join(out_dir, "config.json"), encoding="utf-8") as f:
         info = json.load(f)["splits"]
@@ -67,6 +71,8 @@ flags.DEFINE_string(
 )
 flags.DEFINE_integer("seed", 0, "Random seed (synthetic corpus).")
 flags.DEFINE_integer("synthetic_train_documents", 2000, "Training documents (synthetic corpus).")
+flags.DEFINE_integer("synthetic_dev_documents", 500, "Dev documents (synthetic corpus).")
+flags.DEFINE_integer("synthetic_test_documents", 1000, "Test documents (synthetic corpus).")
 flags.mark_flag_as_required("out")
 
 
@@ -75,14 +81,10 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     start = time.perf_counter()
     logging.info("preparing corpus %r in %s", FLAGS.corpus, FLAGS.out)
-    try:
-        summary = CORPORA[FLAGS.corpus](FLAGS.out)
-    except bible.SwordModuleNotFoundError as e:
-        logging.error("%s", e)
-        sys.exit(1)
+    summary = CORPORA[FLAGS.corpus](FLAGS.out)  # a missing SWORD module: a UserError
     print(summary)
     logging.info("done in %.1f s", time.perf_counter() - start)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

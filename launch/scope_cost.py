@@ -12,20 +12,20 @@ and scores them with sacreBLEU (s-BLEU, d-BLEU, chrF) and the pronoun overlap.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
-import sys
 from typing import Any
 
 import jax
 
+from docnmt_jax import cli
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data import readers
-from docnmt_jax.data.documents import CorpusFormatError
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.decoding.translator import Translator
+from docnmt_jax.errors import UserError
+from docnmt_jax.evaluation.analysis import write_hypotheses
 from docnmt_jax.evaluation.metrics import evaluate_files
 from docnmt_jax.training import restore
 
@@ -55,24 +55,20 @@ def reference_nll(
     return {"nll": nll / tokens, "ppl": math.exp(nll / tokens), "tokens": tokens}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", required=True)
     p.add_argument("--tsv", required=True, help="corpus TSV doc_id<TAB>src<TAB>tgt")
     p.add_argument("--checkpoint", default="latest")
     p.add_argument("--max_sentences", type=int, default=20)
     p.add_argument("--translate", default="", help="write OUT_PREFIX.{document,chunk}.tsv")
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
-    try:
-        model, tokenizer, config = restore.load_model(args.workdir)
-        if "document_scope" not in {f.name for f in dataclasses.fields(model.config)}:
-            raise ValueError(f"{args.workdir}: model {model.name!r} has no document_scope switch")
-        params, step = restore.load_params(model, args.workdir, args.checkpoint)
-        docs = readers.read_tsv(args.tsv)
-    except (CorpusFormatError, OSError, ValueError) as e:
-        print(f"scope_cost.py: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    args = p.parse_args(argv)
+    model, tokenizer, config = restore.load_model(args.workdir)
+    if "document_scope" not in {f.name for f in dataclasses.fields(model.config)}:
+        raise UserError(f"{args.workdir}: model {model.name!r} has no document_scope switch")
+    params, step = restore.load_params(model, args.workdir, args.checkpoint)
+    docs = readers.read_tsv(args.tsv)
     result: dict = {"workdir": args.workdir, "step": step, "max_sentences": args.max_sentences}
     for scope, document in (("document", True), ("chunk", False)):
         scoped = type(model)(dataclasses.replace(model.config, document_scope=document))
@@ -84,10 +80,7 @@ def main() -> None:
             )
             hyps = translator.translate(docs)
             path = f"{args.translate}.{scope}.tsv"
-            with open(path, "w", encoding="utf-8") as out:  # translate.py's format
-                out.write("doc_id\thyp\n")
-                for doc, sentences in zip(docs, hyps, strict=True):
-                    out.writelines(f"{doc.doc_id}\t{h.replace(chr(9), ' ')}\n" for h in sentences)
+            write_hypotheses(path, docs, hyps)  # translate.py's format, atomically
             scores["translation"] = evaluate_files(path, args.tsv, pronouns="en")
         result[scope] = scores
     if args.json:
@@ -106,4 +99,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_argparse(main)

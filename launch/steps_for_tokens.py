@@ -10,9 +10,9 @@ on stderr, each plan's real target tokens per step.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from docnmt_jax import cli
 from docnmt_jax.config_files import load_config
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.tokenizer import load_tokenizer
@@ -47,14 +47,14 @@ def tokens_per_step(config_path: str, sets: list[str], tokenizer_path: str) -> f
     return epoch.tgt_tokens / max(epoch.batches_per_epoch, 1)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True)
     p.add_argument("--reference", required=True)
     p.add_argument("--reference_steps", type=int, required=True)
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--set", action="append", default=[], help="SECTION.KEY=VALUE of --config")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     model_tokens = tokens_per_step(args.config, args.set, args.tokenizer)
     reference = tokens_per_step(args.reference, [], args.tokenizer)
     steps = round(args.reference_steps * reference / model_tokens)
@@ -67,4 +67,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_argparse(main)

@@ -13,13 +13,13 @@ with the true context and with random contexts (mean over the draws' ``hyp.rando
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
 
 import numpy as np
 
+from docnmt_jax import cli
 from docnmt_jax.data.context_labels import context_accuracy, read_labels
 from docnmt_jax.evaluation.metrics import read_hypotheses
 
@@ -71,11 +71,11 @@ def row_line(out: str, row: str, labels: list | None) -> str | None:
     return "| " + " | ".join(cells) + " |"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    p = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="the rows' parent directory")
     p.add_argument("--labels", default="", help="labelled words (synthetic test.labels.jsonl)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     labels = read_labels(args.labels) if args.labels else None
     header = [
         "row",
@@ -99,4 +99,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_argparse(main)

@@ -9,7 +9,9 @@ every device). Several processes (hosts): run the same command in each, with
 ``--coordinator_address/--num_processes/--process_id`` (or the environment variables
 ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``), or ``--distributed``
 to take them from the cluster (TPU pod, SLURM, Open MPI); see ``launch/tpu_pod.sh`` and
-``launch/slurm_gpu.sbatch``. ``--dry_run`` parses the flags and config and exits.
+``launch/slurm_gpu.sbatch``. ``--dry_run`` parses the flags and config and exits. When a
+process dies, the others exit at once (status 1) with one line naming it and the checkpoint a
+rerun of every process resumes from; a silent host ends the job after ``--heartbeat_timeout``.
 
 Preemption: SIGTERM or SIGINT (Ctrl-C) saves a checkpoint after the current step and exits 0
 with a line naming the step and the checkpoint; a second signal exits at once (status 128 +
@@ -29,10 +31,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from docnmt_jax import parallel
-from docnmt_jax.data.corpus_mix import DataConfigError
-from docnmt_jax.data.packed_plan import PackingError
-from docnmt_jax.models import ModelError
+from docnmt_jax import cli, parallel
 from docnmt_jax.training.trainer import CheckpointError, NonFiniteError, train_and_evaluate
 
 _DEFAULT_CONFIG = os.path.join(
@@ -85,8 +84,26 @@ _DISTRIBUTED = flags.DEFINE_bool(
     False,
     "Initialise multi-process JAX from the cluster (TPU pod, SLURM, Open MPI, Kubernetes).",
 )
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+    "heartbeat_timeout",
+    parallel.HEARTBEAT_TIMEOUT_S,
+    "Several processes: seconds without a heartbeat after which JAX declares a process lost "
+    "and ends the job (a lost machine; a process that dies ends the others at once).",
+)
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Parse the flags and config, print them, exit.")
 flags.mark_flags_as_required(["config"])
+
+
+def resume_hint(workdir: str) -> str:
+    """What to do after a multi-process job failed: rerun, and from which checkpoint."""
+    directory = os.path.join(workdir, "checkpoints")
+    steps = (
+        sorted(int(d) for d in os.listdir(directory) if d.isdigit())
+        if os.path.isdir(directory)
+        else []
+    )
+    start = f"checkpoint {steps[-1]} ({directory}/{steps[-1]})" if steps else "step 0"
+    return f"run the same command in every process again to resume from {start}"
 
 
 def workdir_or_default() -> str:
@@ -106,21 +123,20 @@ def main(argv: list[str]) -> None:
         num_processes=_NUM_PROCESSES.value,
         process_id=_PROCESS_ID.value,
         auto=_DISTRIBUTED.value,
+        heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value,
     )
     if _DRY_RUN.value:
         config = json.loads(_CONFIG.value.to_json_best_effort())
         print(json.dumps({"workdir": workdir, "distributed": distributed, "config": config}))
         return
-    parallel.init_distributed(**distributed)
+    parallel.init_distributed(**distributed, resume_hint=lambda: resume_hint(workdir))
     logging.set_verbosity(logging.WARNING)  # progress goes to the bar and WORKDIR/train.log
+    data = _CONFIG.value.data
+    cli.note_user_paths([data.get(k) for k in ("train", "dev", "tokenizer", "data_dir")])
     try:
+        # A user's mistake (docnmt_jax.errors.UserError: model, data and packing config,
+        # init_from, files) is cli.run's: one line, status 2.
         result = train_and_evaluate(_CONFIG.value, workdir)
-    except (ModelError, PackingError, DataConfigError) as e:
-        # A config mistake: one line, no traceback. ModelError includes init_from's
-        # InitFromError (no such path, a rule matching nothing, shapes or vocabulary that
-        # do not fit) and the train.freeze / unfreeze_at_step / schedule_offset mistakes.
-        print(f"train.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
     except (NonFiniteError, CheckpointError) as e:
         # Training diverged (NaN/Inf), or no checkpoint of the workdir restores: one line.
         print(f"train.py: error: {e}", file=sys.stderr)
@@ -137,4 +153,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

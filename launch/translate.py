@@ -24,22 +24,20 @@ documents and order. ``launch/evaluate.py --workdir`` runs the whole measurement
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 
 from absl import app, flags, logging
 from tqdm.auto import tqdm
 
+from docnmt_jax import cli
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.readers import iter_source_documents
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.decoding.translator import Translator
+from docnmt_jax.errors import RunNotFoundError, UserError
 from docnmt_jax.evaluation.analysis import single_sentence_stream
-from docnmt_jax.evaluation.context_marginal import (
-    ContextUsageError,
-    translate_with_random_context,
-)
-from docnmt_jax.models import ModelError
+from docnmt_jax.evaluation.context_marginal import translate_with_random_context
+from docnmt_jax.files import atomic_open
 from docnmt_jax.training.restore import load_translator
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory (config.json, spm.model).")
@@ -49,7 +47,18 @@ _BEAM = flags.DEFINE_integer("beam", 5, "Beam size; 1 = greedy.")
 _ALPHA = flags.DEFINE_float("alpha", 0.6, "Length penalty exponent: ((5 + len) / 6) ** alpha.")
 _LEN_A = flags.DEFINE_float("len_a", 1.5, "Output limit: len_a * source tokens + len_b.")
 _LEN_B = flags.DEFINE_integer("len_b", 10, "Output limit: len_a * source tokens + len_b.")
-_MAX_LEN = flags.DEFINE_integer("max_len", 256, "Absolute output limit in tokens (incl. EOS).")
+_MAX_LEN = flags.DEFINE_integer(
+    "max_len",
+    256,
+    "Absolute output limit in tokens (incl. EOS); a batch of sentences longer than the default "
+    "source bucket gets max(max_len, len_a * its length + len_b).",
+)
+_MAX_SOURCE = flags.DEFINE_integer(
+    "max_source_tokens",
+    1024,
+    "Longest source sentence (tokens incl. EOS) translated; a longer one stops the run with an "
+    "error naming its line (nothing is cut).",
+)
 _BATCH_TOKENS = flags.DEFINE_integer("batch_tokens", 4096, "Padded source tokens per batch.")
 _BLOCK = flags.DEFINE_integer("block_documents", 256, "Documents read and translated at a time.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "best", "best, latest or a step number.")
@@ -88,13 +97,9 @@ def random_context_stream(
     translator: Translator, documents: list[tuple[str, list[str]]], seed: int
 ) -> Iterator[tuple[str, list[str]]]:
     """``(doc_id, translations)`` of ``documents`` translated with random-context draw
-    ``seed``; exits with a one-line error for a sentence-level model."""
+    ``seed``; a sentence-level model raises ``ContextUsageError`` (a user error)."""
     docs = [Document(doc_id, tuple(s), ("",) * len(s)) for doc_id, s in documents]
-    try:
-        hyps, coverage = translate_with_random_context(translator, docs, seed)
-    except ContextUsageError as e:
-        print(f"translate.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    hyps, coverage = translate_with_random_context(translator, docs, seed)
     print(f"random contexts (seed {seed}): {100 * coverage:.1f}% of sentences saw other documents")
     return zip((d.doc_id for d in docs), hyps, strict=True)
 
@@ -112,17 +117,17 @@ def main(argv: list[str]) -> None:
         len_b=_LEN_B.value,
         max_len=_MAX_LEN.value,
     )
-    try:
-        translator, step = load_translator(
-            _WORKDIR.value,
-            _CHECKPOINT.value,
-            search,
-            batch_tokens=_BATCH_TOKENS.value,
-            mesh=parse_mesh(_MESH.value),
-        )
-    except ModelError as e:  # the run's model cannot be built: one line, no traceback
-        print(f"translate.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    if not os.path.isfile(_INPUT.value):  # before the model loads
+        raise RunNotFoundError(f"--input={_INPUT.value}: no such file")
+    translator, step = load_translator(
+        _WORKDIR.value,
+        _CHECKPOINT.value,
+        search,
+        batch_tokens=_BATCH_TOKENS.value,
+        mesh=parse_mesh(_MESH.value),
+        max_source_tokens=_MAX_SOURCE.value,
+    )
+    translator.source_file = _INPUT.value  # a sentence too long for the model: FILE:LINE
     alone = ", every sentence alone" if _SENTENCES.value else ""
     print(
         f"translating {_INPUT.value} with {_WORKDIR.value} step {step}, beam "
@@ -131,9 +136,7 @@ def main(argv: list[str]) -> None:
     documents = ((doc_id, sents) for doc_id, sents, _ in iter_source_documents(_INPUT.value))
     if _RANDOM_SEED.value is not None:
         documents = random_context_stream(translator, list(documents), _RANDOM_SEED.value)
-    os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
-    tmp = _OUTPUT.value + ".partial"
-    with open(tmp, "w", encoding="utf-8", newline="\n") as out, tqdm(unit="doc") as bar:
+    with atomic_open(_OUTPUT.value) as out, tqdm(unit="doc") as bar:
         out.write("doc_id\thyp\n")
         if _RANDOM_SEED.value is not None:
             stream = documents
@@ -145,9 +148,10 @@ def main(argv: list[str]) -> None:
             for hyp in hyps:
                 out.write(f"{doc_id}\t{hyp.replace(chr(9), ' ')}\n")
             bar.update(1)
-    os.replace(tmp, _OUTPUT.value)
+        if bar.n == 0:  # nothing to translate: no output file either
+            raise UserError(f"{_INPUT.value}: no documents (the file is empty or blank)")
     print(f"wrote {_OUTPUT.value}: {translator.stats.summary()}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

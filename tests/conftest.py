@@ -52,6 +52,17 @@ def synthetic_dir(tmp_path_factory):
     return str(out)
 
 
+@pytest.fixture(scope="session")
+def one_step_run(synthetic_dir, tmp_path_factory):
+    """A workdir trained for one step of :func:`tiny_config` (a run to point command lines at:
+    config.json, spm.model, a checkpoint)."""
+    from docnmt_jax.training import trainer
+
+    workdir = str(tmp_path_factory.mktemp("one_step_run"))
+    trainer.train_and_evaluate(tiny_config(synthetic_dir, num_steps=1), workdir)
+    return workdir
+
+
 def tiny_config(data_dir: str, **train_overrides):
     """The transformer config shrunk to seconds-per-run size, reading ``data_dir``."""
     from docnmt_jax.config_files import load_config

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, tiny_config
 
+from docnmt_jax import cli
 from docnmt_jax.data import readers
 from docnmt_jax.data.documents import Document, write_tsv
 from docnmt_jax.data.schema import batch_from_grids
@@ -525,7 +526,7 @@ def test_attention_map_of_a_trained_run(doc2doc_run, tmp_path, capsys):
 
 def _error(analyze, capsys, *argv):
     with pytest.raises(SystemExit) as exit_:
-        analyze.main(list(argv))
+        cli.run_argparse(analyze.main, list(argv))
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("analyze.py: error: ") and "Traceback" not in err

@@ -270,7 +270,7 @@ def test_cli_text_and_json(tmp_path):
 def test_cli_error_is_one_line(tmp_path):
     hyp = _hyp_tsv(tmp_path, [HYP_DOCS[0], HYP_DOCS[1][:1]])
     out = _cli("--hyp", hyp, "--ref", _ref_tsv(tmp_path))
-    assert out.returncode == 1
+    assert out.returncode == 2
     assert out.stdout == ""
     err = out.stderr.strip().splitlines()
     assert len(err) == 1 and f"{hyp}:5: document 'd2' has 1 hypothesis sentences" in err[0]

@@ -275,7 +275,7 @@ def test_cli_pronouns_text_json_and_custom_list(tmp_path):
 @pytest.mark.parametrize(
     "name,text,message",
     [
-        ("missing.txt", None, "pronoun list not found: '{path}'"),
+        ("missing.txt", None, "{path}: pronoun list not found"),
         ("bad.txt", "it\nit's\n", '{path}:2: pronoun list: "it\'s" is not one word'),
         ("empty.txt", "\n", "{path}: pronoun list: no words in the file"),
     ],
@@ -284,7 +284,7 @@ def test_cli_bad_pronoun_list_is_one_line(tmp_path, name, text, message):
     hyp, ref = _files(tmp_path)
     path = str(tmp_path / name) if text is None else _write(tmp_path / name, text)
     out = _cli("--hyp", hyp, "--ref", ref, "--pronouns", "--pronoun_list", path)
-    assert out.returncode == 1
+    assert out.returncode == 2
     assert out.stdout == ""
     err = out.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("evaluate.py: error: "), out.stderr

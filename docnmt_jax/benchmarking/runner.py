@@ -18,6 +18,8 @@ from docnmt_jax.benchmarking.peak import peak_section
 from docnmt_jax.benchmarking.pipeline import pipeline_section
 from docnmt_jax.benchmarking.profiling import profile_section
 from docnmt_jax.benchmarking.train import train_section
+from docnmt_jax.benchmarking.workload import UsageError
+from docnmt_jax.files import write_atomic
 
 Results = dict[str, Any]
 
@@ -93,11 +95,11 @@ def apply_presets(args: argparse.Namespace) -> argparse.Namespace:
     args.sections = ",".join(sections)
     unknown = set(sections) - set(SECTIONS)
     if unknown:
-        raise ValueError(f"unknown sections {sorted(unknown)}; known: {sorted(SECTIONS)}")
+        raise UsageError(f"unknown sections {sorted(unknown)}; known: {sorted(SECTIONS)}")
     if "profile" in sections and not args.profile:
-        raise ValueError("the profile section needs --profile DIR")
+        raise UsageError("the profile section needs --profile DIR")
     if set(args.modes.split(",")) - {"document", "sentence"}:
-        raise ValueError("--modes takes document and/or sentence")
+        raise UsageError("--modes takes document and/or sentence")
     return args
 
 
@@ -123,8 +125,5 @@ def run(args: argparse.Namespace) -> Results:
         results[name] = measure(args, results)
         show(results[name])
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=2)
-            f.write("\n")
+        write_atomic(args.json, json.dumps(results, indent=2) + "\n")
     return results

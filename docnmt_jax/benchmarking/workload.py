@@ -11,10 +11,12 @@ import argparse
 import dataclasses
 from typing import Any
 
+from docnmt_jax.errors import UserError
+
 Results = dict[str, Any]
 
 
-class UsageError(ValueError):
+class UsageError(UserError, ValueError):
     """A benchmark option names something that is not there (one line, no traceback)."""
 
 

@@ -54,6 +54,7 @@ from docnmt_jax.data.bible_alignment import (
 )
 from docnmt_jax.data.documents import Document, write_tsv
 from docnmt_jax.data.sword import SwordModuleNotFoundError, read_module_verses
+from docnmt_jax.files import atomic_open
 
 __all__ = [
     "SPLITS",
@@ -180,7 +181,7 @@ def prepare_bible(out_dir: str | os.PathLike, sword_path: str | os.PathLike | No
         path = os.path.join(out_dir, f"{name}.tsv")
         write_tsv(splits[name], path)
         logger.info("wrote %s (%d documents)", path, len(splits[name]))
-    with open(os.path.join(out_dir, "stats.json"), "w", encoding="utf-8", newline="\n") as f:
+    with atomic_open(os.path.join(out_dir, "stats.json")) as f:
         json.dump(stats, f, indent=2, sort_keys=True, ensure_ascii=False)
         f.write("\n")
     return stats

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from docnmt_jax.data.documents import CorpusFormatError, Document
+from docnmt_jax.files import atomic_open
 
 PHENOMENA = ("pronoun", "topic")
 
@@ -44,7 +45,7 @@ class ContextLabel:
 
 def write_labels(labels: Sequence[ContextLabel], path: str | os.PathLike) -> None:
     """One JSON object (sorted keys) per line."""
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
+    with atomic_open(path) as f:
         for lb in labels:
             f.write(lb.to_json() + "\n")
 

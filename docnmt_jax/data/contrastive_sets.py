@@ -50,6 +50,7 @@ from typing import Any
 
 from docnmt_jax.data.documents import CorpusFormatError
 from docnmt_jax.data.readers import _read_lines
+from docnmt_jax.errors import ConfigError, RunNotFoundError
 
 PathLike = str | os.PathLike
 
@@ -290,7 +291,7 @@ def read_contrapro(
     files = contrapro_files(json_path, langs)
     missing = [p for p in files.values() if not os.path.exists(p)]
     if missing:
-        raise FileNotFoundError(
+        raise RunNotFoundError(
             f"{json_path}: missing {', '.join(missing)} (write them with ContraPro's "
             "conversion_scripts/json2text_and_context.pl --context N)"
         )
@@ -384,13 +385,13 @@ def bawden_prefixes(path: PathLike, langs: Sequence[str]) -> list[str]:
             if os.path.exists(os.path.join(path, f"{name}.current.{src}"))
         ]
         if not found:
-            raise FileNotFoundError(
+            raise RunNotFoundError(
                 f"{path}: no {' or '.join(f'{n}.current.{src}' for n in BAWDEN_SETS)} in this "
                 "directory"
             )
         return found
     if not os.path.exists(f"{path}.current.{src}"):
-        raise FileNotFoundError(
+        raise RunNotFoundError(
             f"{path}: neither a directory nor the prefix of {path}.current.{src}"
         )
     return [path]
@@ -469,10 +470,10 @@ def read_contrastive_set(
     pair, :data:`DEFAULT_LANGS`). Raises ValueError for an unknown format,
     FileNotFoundError for missing files and :class:`ContrastiveFormatError`."""
     if fmt not in READERS:
-        raise ValueError(f"unknown contrastive set format {fmt!r}; known: {', '.join(READERS)}")
+        raise ConfigError(f"unknown contrastive set format {fmt!r}; known: {', '.join(READERS)}")
     if not os.path.exists(path) and fmt != "bawden":
-        raise FileNotFoundError(f"{os.fspath(path)}: no such file")
+        raise RunNotFoundError(f"{os.fspath(path)}: no such file")
     langs = tuple(langs) if langs else DEFAULT_LANGS[fmt]
     if len(langs) != 2 or not all(langs):
-        raise ValueError(f"languages must be two suffixes SRC,TGT, got {','.join(langs)!r}")
+        raise ConfigError(f"languages must be two suffixes SRC,TGT, got {','.join(langs)!r}")
     return READERS[fmt](path, langs)

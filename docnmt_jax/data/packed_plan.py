@@ -43,6 +43,7 @@ from docnmt_jax.data.tokenized import (
     corpus_stats,
     make_chunks,
 )
+from docnmt_jax.errors import UserError
 
 # Per placed sentence columns of the placement table (rows of PackedPlan.placement).
 PLACEMENT_COLUMNS = (
@@ -57,7 +58,7 @@ PLACEMENT_COLUMNS = (
 )
 
 
-class PackingError(ValueError):
+class PackingError(UserError, ValueError):
     """The data does not fit the packing's rows (a user's config mistake: one line, no
     traceback)."""
 

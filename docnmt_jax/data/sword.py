@@ -15,6 +15,7 @@ import struct
 import zlib
 
 from docnmt_jax.data.osis import clean_osis
+from docnmt_jax.errors import UserError
 
 APT_PACKAGES = "sword-text-sparv sword-text-web"
 INSTALL_HINT = (
@@ -26,7 +27,7 @@ DEFAULT_SWORD_PATHS = ("/usr/share/sword", os.path.join("~", ".sword"))
 VerseKey = tuple[str, int, int]  # (OSIS book, chapter, verse)
 
 
-class SwordModuleNotFoundError(FileNotFoundError):
+class SwordModuleNotFoundError(UserError, FileNotFoundError):
     """A SWORD module is not installed in any searched directory."""
 
 

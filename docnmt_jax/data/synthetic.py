@@ -85,6 +85,7 @@ from docnmt_jax.data.context_labels import (
     write_labels,
 )
 from docnmt_jax.data.documents import Document, write_tsv
+from docnmt_jax.files import atomic_open
 
 __all__ = [
     "SRC_CONSONANTS",
@@ -422,7 +423,7 @@ def write_corpus(
         "splits": stats,
         "lexicon": build_lexicon(config).to_dict(),
     }
-    with open(out / "config.json", "w", encoding="utf-8", newline="\n") as f:
+    with atomic_open(out / "config.json") as f:
         json.dump(meta, f, indent=2, sort_keys=True)
         f.write("\n")
     written["config.json"] = out / "config.json"

@@ -34,6 +34,7 @@ import sentencepiece as spm
 from absl import logging
 
 from docnmt_jax.data.documents import Document
+from docnmt_jax.errors import RunNotFoundError, UserError
 
 PAD_ID = 0
 EOS_ID = 1
@@ -41,6 +42,10 @@ BOS_ID = 2
 UNK_ID = 3
 
 _SPECIAL_IDS = {"pad": PAD_ID, "eos": EOS_ID, "bos": BOS_ID, "unk": UNK_ID}
+
+
+class TokenizerError(UserError, ValueError):
+    """A tokenizer file is not ours or cannot be trained as asked (one line, no traceback)."""
 
 
 class Tokenizer:
@@ -51,17 +56,17 @@ class Tokenizer:
         self._model_path = os.fspath(model_path)
         self._num_threads = num_threads
         if not os.path.isfile(self._model_path):
-            raise FileNotFoundError(errno.ENOENT, "sentencepiece model not found", self._model_path)
+            raise RunNotFoundError(errno.ENOENT, "sentencepiece model not found", self._model_path)
         sp = spm.SentencePieceProcessor()
         try:
             sp.Load(model_file=self._model_path)
         except (OSError, RuntimeError) as e:
-            raise ValueError(
+            raise TokenizerError(
                 f"{self._model_path}: not a sentencepiece model ({str(e).strip()})"
             ) from None
         actual = {"pad": sp.pad_id(), "eos": sp.eos_id(), "bos": sp.bos_id(), "unk": sp.unk_id()}
         if actual != _SPECIAL_IDS:
-            raise ValueError(
+            raise TokenizerError(
                 f"{self._model_path}: special ids are {actual}, expected {_SPECIAL_IDS} "
                 "(the model was not trained by docnmt_jax.data.tokenizer)"
             )
@@ -167,7 +172,7 @@ def train_tokenizer(
     model_path = os.fspath(model_path)
     n_sentences = sum(2 * len(d) for d in documents)
     if n_sentences == 0:
-        raise ValueError(f"{model_path}: cannot train a tokenizer on an empty corpus")
+        raise TokenizerError(f"{model_path}: cannot train a tokenizer on an empty corpus")
     options = dict(
         model_type=model_type,
         vocab_size=vocab_size,
@@ -199,17 +204,17 @@ def train_tokenizer(
     except RuntimeError as e:
         msg = str(e)
         if m := _TOO_HIGH.search(msg):
-            raise ValueError(
+            raise TokenizerError(
                 f"vocab_size={vocab_size} is too large for this training corpus "
                 f"({n_sentences} sentences): the largest feasible size is {m.group(2)}"
             ) from None
         if m := _TOO_LOW.search(msg):
-            raise ValueError(
+            raise TokenizerError(
                 f"vocab_size={vocab_size} is too small for this training corpus: "
                 f"byte_fallback (256 byte pieces), 4 special pieces and the corpus's characters "
                 f"need at least {m.group(2)}"
             ) from None
-        raise ValueError(f"sentencepiece training failed: {msg.strip()}") from None
+        raise TokenizerError(f"sentencepiece training failed: {msg.strip()}") from None
 
     directory = os.path.dirname(os.path.abspath(model_path))
     os.makedirs(directory, exist_ok=True)
@@ -258,7 +263,7 @@ def get_or_train_tokenizer(
     if os.path.exists(model_path):
         tok = Tokenizer(model_path)
         if tok.vocab_size != vocab_size:
-            raise ValueError(
+            raise TokenizerError(
                 f"{model_path}: existing tokenizer has vocab size {tok.vocab_size}, but "
                 f"{vocab_size} was requested; delete the file to retrain or fix the config"
             )

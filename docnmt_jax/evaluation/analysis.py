@@ -45,7 +45,9 @@ from tqdm.auto import tqdm
 
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.documents import Document
+from docnmt_jax.errors import InputMismatchError
 from docnmt_jax.evaluation.metrics import score_documents
+from docnmt_jax.files import atomic_path, write_atomic, write_hypotheses
 from docnmt_jax.models.base import Model
 
 #: Fig. 3's x-axis (Zheng et al. 2020): sentences of context.
@@ -100,7 +102,7 @@ def context_plan(model: Model, max_sentences: int, k: int) -> ContextPlan:
     """The :class:`ContextPlan` of context size ``k`` for ``model`` whose translator cuts
     documents into chunks of ``max_sentences`` (module docstring)."""
     if k < 0:
-        raise ValueError(f"context size must be >= 0, got {k}")
+        raise InputMismatchError(f"context size must be >= 0, got {k}")
     K = model.context_sentences
     if model.layout.sentence_level and K == 0:
         note = f"model {model.name!r} translates sentences alone: no context, a flat curve"
@@ -399,7 +401,7 @@ def attention_map(
     sentences). Raises ValueError for a chunk the document does not have."""
     rows = chunk_batches(model, encode, config, document)
     if not 0 <= chunk < len(rows):
-        raise ValueError(
+        raise InputMismatchError(
             f"document {document.doc_id!r} has {len(rows)} chunk(s) (0..{len(rows) - 1}), "
             f"not chunk {chunk}"
         )
@@ -450,33 +452,13 @@ def write_attention(amap: AttentionMap, prefix: str, title: str) -> list[str]:
 # ------------------------------------------------------------------------------- writing
 
 
-def write_atomic(path: str, text: str) -> str:
-    """Writes ``text`` to ``path`` through ``path.partial`` and a rename; returns ``path``."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".partial"
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
-
-
-def write_hypotheses(
-    path: str, documents: Sequence[Document], hypotheses: Sequence[Sequence[str]]
-) -> str:
-    """``doc_id<TAB>hyp`` with a header (``launch/translate.py``'s format), atomically."""
-    rows = ["doc_id\thyp"]
-    for doc, hyps in zip(documents, hypotheses, strict=True):
-        rows.extend(f"{doc.doc_id}\t{h.replace(chr(9), ' ')}" for h in hyps)
-    return write_atomic(path, "\n".join(rows) + "\n")
-
-
 def save_figure(fig: Any, path: str) -> str:
     """Saves a matplotlib figure as PNG through a temporary file and a rename; closes it."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".partial"
-    fig.savefig(tmp, format="png", dpi=120)
-    _pyplot().close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=120)
+    finally:
+        _pyplot().close(fig)
     return path
 
 

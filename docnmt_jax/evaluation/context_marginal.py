@@ -61,6 +61,8 @@ from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.tokenizer import Tokenizer
 from docnmt_jax.decoding.translator import Translator
+from docnmt_jax.errors import UserError
+from docnmt_jax.files import atomic_open
 from docnmt_jax.models.base import Model
 
 #: Derangements drawn per random-context draw; the one with the most foreign sentences is kept.
@@ -70,7 +72,7 @@ Translate = Callable[[Sequence[Document]], list[list[str]]]
 Score = Callable[[Sequence[Document]], tuple[list[np.ndarray], list[np.ndarray]]]
 
 
-class ContextUsageError(ValueError):
+class ContextUsageError(UserError, ValueError):
     """The model or the data cannot be evaluated with random contexts (one-line message)."""
 
 
@@ -447,7 +449,7 @@ def write_figure(rows: Sequence[dict[str, Any]], prefix: str, title: str = "") -
 
     os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
     columns = list(rows[0]) if rows else ["rank"]
-    with open(prefix + ".tsv", "w", encoding="utf-8", newline="\n") as f:
+    with atomic_open(prefix + ".tsv") as f:
         f.write("\t".join(columns) + "\n")
         for row in rows:
             f.write("\t".join(_cell(row[c]) for c in columns) + "\n")

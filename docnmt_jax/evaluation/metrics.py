@@ -38,6 +38,7 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from docnmt_jax.data.documents import CorpusFormatError
 from docnmt_jax.data.readers import _first_nonblank_line, _is_blank, _read_lines
+from docnmt_jax.errors import InputMismatchError
 from docnmt_jax.evaluation.pronouns import format_pronoun_report, pronoun_scores
 
 PathLike = str | os.PathLike
@@ -269,16 +270,18 @@ def score_documents(
     documents or their sentence counts are not aligned, or there is nothing to score.
     """
     if len(hyp_docs) != len(ref_docs):
-        raise ValueError(f"{len(hyp_docs)} hypothesis documents but {len(ref_docs)} references")
+        raise InputMismatchError(
+            f"{len(hyp_docs)} hypothesis documents but {len(ref_docs)} references"
+        )
     for k, (h, r) in enumerate(zip(hyp_docs, ref_docs, strict=True)):
         if len(h) != len(r):
-            raise ValueError(
+            raise InputMismatchError(
                 f"document {k}: {len(h)} hypothesis sentences but {len(r)} reference sentences"
             )
     hyps = [s for d in hyp_docs for s in d]
     refs = [s for d in ref_docs for s in d]
     if not refs:
-        raise ValueError("no sentences to score")
+        raise InputMismatchError("no sentences to score")
     chrf = CHRF(lowercase=lowercase)
     c = chrf.corpus_score(hyps, [refs])
     return {

@@ -33,6 +33,7 @@ from typing import Any
 
 from docnmt_jax.data.documents import CorpusFormatError
 from docnmt_jax.data.readers import _is_blank, _read_lines
+from docnmt_jax.errors import ConfigError, InputMismatchError, RunNotFoundError
 
 PRONOUNS: dict[str, frozenset[str]] = {
     "en": frozenset(
@@ -51,14 +52,14 @@ def tokenize(text: str) -> list[str]:
 def _resolve(pronouns: str | Iterable[str]) -> frozenset[str]:
     if isinstance(pronouns, str):
         if pronouns not in PRONOUNS:
-            raise ValueError(f"no pronoun list for {pronouns!r} (have {sorted(PRONOUNS)})")
+            raise ConfigError(f"no pronoun list for {pronouns!r} (have {sorted(PRONOUNS)})")
         return PRONOUNS[pronouns]
     words = frozenset(w.lower() for w in pronouns)
     bad = sorted(w for w in words if tokenize(w) != [w])
     if bad:
-        raise ValueError(f"pronouns must be single words of letters, got {bad}")
+        raise InputMismatchError(f"pronouns must be single words of letters, got {bad}")
     if not words:
-        raise ValueError("empty pronoun list")
+        raise InputMismatchError("empty pronoun list")
     return words
 
 
@@ -69,7 +70,7 @@ def read_pronoun_list(path: str | os.PathLike) -> frozenset[str]:
     reason``) for a line that is not one word of letters or a file without words.
     """
     if not os.path.exists(path):
-        raise FileNotFoundError(errno.ENOENT, "pronoun list not found", os.fspath(path))
+        raise RunNotFoundError(errno.ENOENT, "pronoun list not found", os.fspath(path))
     words = set()
     for i, line in enumerate(_read_lines(path), start=1):
         word = line.strip()
@@ -111,7 +112,9 @@ def pronoun_scores(
     first. Raises ValueError if the sentence counts differ.
     """
     if len(hyps) != len(refs):
-        raise ValueError(f"{len(hyps)} hypothesis sentences but {len(refs)} reference sentences")
+        raise InputMismatchError(
+            f"{len(hyps)} hypothesis sentences but {len(refs)} reference sentences"
+        )
     words = _resolve(pronouns)
     hyp_c, ref_c, match_c = Counter(), Counter(), Counter()
     for h, r in zip(hyps, refs, strict=True):

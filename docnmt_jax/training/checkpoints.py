@@ -43,6 +43,14 @@ class CheckpointError(RuntimeError):
     """No finished checkpoint of a directory restores (each step's error in the message)."""
 
 
+class ParamShapeError(ValueError):
+    """A checkpoint's parameter shapes differ from the model's (``mismatched``: one entry each)."""
+
+    def __init__(self, message: str, mismatched: str = ""):
+        super().__init__(message)
+        self.mismatched = mismatched
+
+
 class NonFiniteError(RuntimeError):
     """Training produced NaN or Inf: a state that holds them is never saved."""
 
@@ -342,7 +350,10 @@ def init_params_from(
             + "; ".join(shapes)
         )
     if problems:
-        raise ValueError(f"init_from={state_dir}: " + " | ".join(problems))
+        message = f"init_from={state_dir}: " + " | ".join(problems)
+        if mismatched:
+            raise ParamShapeError(message, "; ".join(mismatched))
+        raise ValueError(message)
     merged = {
         tuple(k.split("/")): (
             np.asarray(saved_params[k], dtype=v.dtype) if k in saved_params else v

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from docnmt_jax.errors import ConfigError
 from docnmt_jax.models.base import ModelError
 from docnmt_jax.parallel import key_names
 
@@ -76,7 +77,7 @@ def inverse_sqrt_schedule(
     ``offset > 0`` the curve starts again at step ``offset`` (a new stage's warm-up): steps
     before it follow the curve from 0, steps from it on the curve from ``offset``."""
     if warmup_steps < 1:
-        raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
+        raise ConfigError(f"config.train.warmup_steps must be >= 1, got {warmup_steps}")
     if offset < 0:
         raise ModelError(f"config.train.schedule_offset must be >= 0, got {offset}")
 

@@ -46,6 +46,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from docnmt_jax.files import atomic_open
 from docnmt_jax.models.base import ModelError
 from docnmt_jax.training import checkpoints
 from docnmt_jax.training.optim import parameter_path
@@ -390,12 +391,10 @@ def _cells_of(row: Row) -> list[str]:
 
 def write_table(path: str, rows: Sequence[Row]) -> None:
     """The table as TSV with a header (:data:`TABLE_COLUMNS`), via a temporary file."""
-    tmp = path + ".partial"
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+    with atomic_open(path) as f:
         f.write("\t".join(TABLE_COLUMNS) + "\n")
         for row in rows:
             f.write("\t".join(_cells_of(row)) + "\n")
-    os.replace(tmp, path)
 
 
 def summary(rows: Sequence[Row]) -> str:

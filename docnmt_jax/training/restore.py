@@ -22,7 +22,8 @@ from docnmt_jax import parallel
 from docnmt_jax.data.schema import dummy_batch
 from docnmt_jax.data.tokenizer import Tokenizer, load_tokenizer
 from docnmt_jax.decoding.search import SearchConfig
-from docnmt_jax.decoding.translator import Translator
+from docnmt_jax.decoding.translator import MAX_SOURCE_TOKENS, Translator
+from docnmt_jax.errors import RunNotFoundError, UserError, VocabularyMismatchError
 from docnmt_jax.models import Model, build_model
 from docnmt_jax.training import checkpoints
 
@@ -30,7 +31,7 @@ from docnmt_jax.training import checkpoints
 def load_config(workdir: str) -> ml_collections.ConfigDict:
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} not found: is {workdir} a training workdir?")
+        raise RunNotFoundError(f"{path} not found: is {workdir} a training workdir?")
     with open(path, encoding="utf-8") as f:
         return ml_collections.ConfigDict(json.load(f))
 
@@ -52,16 +53,16 @@ def checkpoint_step_dir(workdir: str, which: str) -> tuple[str, int]:
         return os.path.join(workdir, "best", str(steps("best")[-1])), steps("best")[-1]
     if which in ("best", "latest"):
         if not steps("checkpoints"):
-            raise FileNotFoundError(f"{workdir}: no checkpoint in checkpoints/ or best/")
+            raise RunNotFoundError(f"{workdir}: no checkpoint in checkpoints/ or best/")
         return os.path.join(workdir, "checkpoints", str(steps("checkpoints")[-1])), steps(
             "checkpoints"
         )[-1]
     if not which.isdigit():
-        raise ValueError(f"--checkpoint must be best, latest or a step number, got {which!r}")
+        raise UserError(f"--checkpoint must be best, latest or a step number, got {which!r}")
     for sub in ("checkpoints", "best"):
         if int(which) in steps(sub):
             return os.path.join(workdir, sub, which), int(which)
-    raise FileNotFoundError(
+    raise RunNotFoundError(
         f"{workdir}: no checkpoint at step {which}; available: {steps('checkpoints')} "
         f"(latest), {steps('best')} (best)"
     )
@@ -75,11 +76,23 @@ def load_model(workdir: str) -> tuple[Model, Tokenizer, ml_collections.ConfigDic
     return build_model(config.model, tokenizer.vocab_size), tokenizer, config
 
 
-def load_params(model: Model, workdir: str, which: str) -> tuple[Any, int]:
-    """Parameters of ``model`` restored from ``which`` checkpoint of ``workdir``, and its step."""
+def load_params(
+    model: Model, workdir: str, which: str, tokenizer_path: str | None = None
+) -> tuple[Any, int]:
+    """Parameters of ``model`` restored from ``which`` checkpoint of ``workdir``, and its step.
+
+    ``model`` is built from the run's own config, so a parameter whose shape differs from the
+    checkpoint's can only come from the vocabulary: a :class:`VocabularyMismatchError` names
+    ``tokenizer_path`` and the shapes."""
     template = nn.meta.unbox(model.init(jax.random.PRNGKey(0), dummy_batch())["params"])
     step_dir, step = checkpoint_step_dir(workdir, which)
-    params, _ = checkpoints.init_params_from(step_dir, template)
+    try:
+        params, _ = checkpoints.init_params_from(step_dir, template)
+    except checkpoints.ParamShapeError as e:
+        raise VocabularyMismatchError(
+            f"{tokenizer_path or 'the tokenizer'} does not fit checkpoint {step_dir} (was the "
+            f"tokenizer replaced after training?): {e.mismatched}"
+        ) from None
     return jax.tree_util.tree_map(np.asarray, params), step
 
 
@@ -89,11 +102,12 @@ def load_translator(
     search: SearchConfig,
     batch_tokens: int = 4096,
     mesh: Mapping[str, int] | None = None,
+    max_source_tokens: int | None = MAX_SOURCE_TOKENS,
 ) -> tuple[Translator, int]:
     """A :class:`Translator` for the run in ``workdir`` and the checkpoint step it uses; with
     ``mesh`` (``config.mesh``-style sizes) it searches on that device mesh."""
     model, tokenizer, config = load_model(workdir)
-    params, step = load_params(model, workdir, which)
+    params, step = load_params(model, workdir, which, tokenizer.model_path)
     layout = None
     if mesh is not None:
         layout = parallel.Layout(parallel.make_mesh(mesh))
@@ -107,5 +121,6 @@ def load_translator(
         batch_tokens=batch_tokens,
         max_sentences=config.data.max_sentences,
         mesh=layout,
+        max_source_tokens=max_source_tokens,
     )
     return translator, step

@@ -52,11 +52,13 @@ from docnmt_jax.data import corpus_mix, readers, schema
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.schema import dummy_batch
-from docnmt_jax.data.tokenized import PackingConfig
+from docnmt_jax.data.tokenized import PackingConfig, check_on_long
 from docnmt_jax.data.tokenizer import Tokenizer, get_or_train_tokenizer, load_tokenizer
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.decoding.translator import Translator
+from docnmt_jax.errors import ConfigError, RunNotFoundError
 from docnmt_jax.evaluation.metrics import score_documents
+from docnmt_jax.files import write_atomic, write_hypotheses
 from docnmt_jax.models import Metric, Model, build_model
 from docnmt_jax.models.base import reduce_metrics
 from docnmt_jax.objectives import Objective, build_objective
@@ -102,14 +104,14 @@ def read_split(data_cfg: ml_collections.ConfigDict, split: str) -> list[Document
     own = {"train": data_cfg.get("train", ""), "dev": data_cfg.get("dev", "")}
     if own["train"] or own["dev"]:
         if split not in own or not own[split]:
-            raise ValueError(
+            raise ConfigError(
                 f"config.data.{split} is empty: with your own corpus set both "
                 "config.data.train and config.data.dev"
             )
         return readers.read_corpus(own[split], data_cfg.get("format", "auto"))
     path = os.path.join(data_cfg.data_dir, f"{split}.tsv")
     if not os.path.exists(path):
-        raise FileNotFoundError(
+        raise RunNotFoundError(
             f"{path} not found: prepare the corpus first with `python launch/prepare_data.py "
             f"--corpus {data_cfg.corpus} --out {data_cfg.data_dir}`, or set config.data.train "
             "and config.data.dev to your own files"
@@ -165,7 +167,24 @@ def pipeline_config(
         packing=packing,
         context_sentences=context_sentences,
         whole_documents=whole_documents,
+        on_long=check_on_long(data_cfg.get("on_long", "error")),
     )
+
+
+def long_sentence_note(name: str, stats: pipeline_lib.PipelineStats, on_long: str) -> str:
+    """What the run log says about the ``name`` corpus's sentences over
+    ``data.max_src_len``/``max_tgt_len``: pairs skipped or sentences truncated, per side."""
+    if on_long == "skip":
+        return (
+            f"{name}: {stats.skipped_pairs} sentence pairs skipped (source {stats.src_skipped}, "
+            f"target {stats.tgt_skipped} over the limit)"
+        )
+    if on_long == "truncate":
+        return (
+            f"{name}: truncated {stats.src_truncated} source, {stats.tgt_truncated} target "
+            "sentences"
+        )
+    return f"{name}: none"
 
 
 def get_tokenizer(
@@ -333,7 +352,7 @@ def evaluate_metrics(
     for batch in batches:
         totals = add_metrics(totals, eval_step(params, batch))
     if not totals:
-        raise ValueError("the dev set produced no batch")
+        raise ConfigError("config.data: the dev set produced no batch (is it empty?)")
     return {f"dev_{name}": value for name, value in reduce_metrics(totals).items()}
 
 
@@ -379,7 +398,7 @@ def make_bleu_hook(
         hyps = translator.translate(documents)
         if output_dir is not None and jax.process_index() == 0:
             os.makedirs(output_dir, exist_ok=True)
-            write_translations(os.path.join(output_dir, f"step_{step}.tsv"), documents, hyps)
+            write_hypotheses(os.path.join(output_dir, f"step_{step}.tsv"), documents, hyps)
         scores = score_documents(hyps, references)
         return {
             "dev_bleu": scores["s_bleu"]["score"],
@@ -388,18 +407,6 @@ def make_bleu_hook(
         }
 
     return hook
-
-
-def write_translations(path: str, documents: list[Document], hyps: list[list[str]]) -> None:
-    """``doc_id<TAB>hyp`` with a header, one row per sentence (``translate.py``'s format),
-    written to a temporary file and renamed."""
-    tmp = path + ".partial"
-    with open(tmp, "w", encoding="utf-8", newline="\n") as out:
-        out.write("doc_id\thyp\n")
-        for doc, doc_hyps in zip(documents, hyps, strict=True):
-            for hyp in doc_hyps:
-                out.write(f"{doc.doc_id}\t{hyp.replace(chr(9), ' ')}\n")
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -607,13 +614,13 @@ def train_and_evaluate(
     """
     tcfg = config.train
     if tcfg.best_mode not in ("min", "max"):
-        raise ValueError(f"config.train.best_mode must be min or max, got {tcfg.best_mode!r}")
+        raise ConfigError(f"config.train.best_mode must be min or max, got {tcfg.best_mode!r}")
+    on_long = check_on_long(config.data.get("on_long", "error"))
     os.makedirs(workdir, exist_ok=True)
     runlog = RunLog(workdir)
     if jax.process_index() == 0:  # written whole and renamed: a kill never leaves half of it
-        with open(os.path.join(workdir, "config.json.partial"), "w", encoding="utf-8") as f:
-            f.write(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
-        os.replace(f.name, os.path.join(workdir, "config.json"))
+        config_text = config.to_json_best_effort(indent=2, sort_keys=True) + "\n"
+        write_atomic(os.path.join(workdir, "config.json"), config_text)
 
     init_dir = None
     if config.get("init_from", "") and not checkpoints.has_steps(workdir):
@@ -631,7 +638,7 @@ def train_and_evaluate(
         {"dev_bleu", "dev_dbleu", "dev_chrf"} if tcfg.get("dev_bleu", False) else set()
     )
     if tcfg.best_metric not in known and not eval_hooks:
-        raise ValueError(
+        raise ConfigError(
             f"config.train.best_metric={tcfg.best_metric!r} is never computed; choose one of "
             f"{sorted(known)} (BLEU metrics need config.train.dev_bleu=True)"
         )
@@ -662,6 +669,13 @@ def train_and_evaluate(
         f"shapes {shapes} ({model.layout.value}, "
         + (PACKING_WORDS[packing.unit] if packing else "[B, S, T] grid")
         + f"), {100 * train_plan.stats.padding_fraction:.1f}% padding"
+    )
+    runlog.note(
+        f"data: sentences over data.max_src_len={config.data.max_src_len} / "
+        f"max_tgt_len={config.data.max_tgt_len} (data.on_long={on_long}): "
+        + long_sentence_note("train", train_plan.stats, on_long)
+        + "; "
+        + long_sentence_note("dev", dev_plan.stats, on_long)
     )
 
     shardings, abstract, tx, schedule = train_state.build_optimizer_state(
