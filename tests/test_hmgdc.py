@@ -128,7 +128,9 @@ SWITCHES = {
 @pytest.mark.parametrize(
     "switches",
     [
-        "paper",
+        # 65 s (since issue 20, suite time); the packed-vs-grid tests of test_hmgdc_packed.py
+        # check the same model in the default suite.
+        pytest.param("paper", marks=pytest.mark.slow),
         # About 30 s each (the naive reference compiles sentence by sentence): `make test-slow`.
         pytest.param("decoder_only_deep", marks=pytest.mark.slow),
         pytest.param("encoder_only_separate", marks=pytest.mark.slow),
