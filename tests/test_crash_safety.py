@@ -369,7 +369,7 @@ def _segments(log_path):
     """Per run (segment) of ``train.log``: ``(resumed_from or None, {step: loss})``."""
     segments = []
     for line in open(log_path, encoding="utf-8"):
-        if " data: " in line:
+        if re.search(r" data: \d+ train / ", line):  # a run's first line about its data
             segments.append([None, {}])
         elif match := re.search(r"resumed from step (\d+) ", line):
             segments[-1][0] = int(match.group(1))
