@@ -6,23 +6,28 @@ and everything else are ``configs/final.py`` (TED size, Bible). SENTNMT is
 ``configs/transformer.py``, Doc2Doc ``configs/doc2doc.py``; DOCNMT is not covered.
 
 The source-side rows are cumulative; from "+segment relative attention" on, the lower
-encoder layers are local (per sentence), the paper's hierarchical encoder.
+encoder layers are local (per sentence), the paper's hierarchical encoder. In the Doc2Sent rows
+each target sentence cross-attends over the whole chunk's encoding (the paper's "entire
+document as input"); ``doc2sent_own_slice`` is the Doc2Sent row read the other way, each
+sentence cross-attending only to its own slice of it (``doc2sent_cross_attention``).
 """
 
 import ml_collections
 
 from docnmt_jax.config_files import sibling_config
 
-_SWITCHES_OFF = dict(
+_SWITCHES_OFF: dict[str, bool | str] = dict(
     doc2sent=False,  # lower encoder layers attend over the whole chunk as one sequence
+    doc2sent_cross_attention="chunk",  # with doc2sent: cross-attention over the whole chunk
     reset_word_positions=False,  # source positions restart in every sentence
     segment_embedding=False,  # add the learned segment embedding E^s_k
     segment_relative_attention=False,  # top encoder layer = the global layer, Eq. (1)
     context_fusion_gate=False,  # gated fusion of local and global states (else residual)
     xl_decoder=False,  # Transformer-XL decoder with the previous target sentence as memory
 )
-TABLE3_SWITCHES: dict[str, dict[str, bool]] = {
+TABLE3_SWITCHES: dict[str, dict[str, bool | str]] = {
     "doc2sent": dict(_SWITCHES_OFF, doc2sent=True),
+    "doc2sent_own_slice": dict(_SWITCHES_OFF, doc2sent=True, doc2sent_cross_attention="own_slice"),
     "doc2sent+reset": dict(_SWITCHES_OFF, doc2sent=True, reset_word_positions=True),
     "doc2sent+reset+segment": dict(
         _SWITCHES_OFF, doc2sent=True, reset_word_positions=True, segment_embedding=True

@@ -48,6 +48,9 @@ FINAL (Zheng et al. 2020) adds or replaces::
                    position     2·(Tt+Tm)·D²           W_R R, once per layer (not per row)
                    cross, ffn   as the sentence decoder
   output softmax   2·Tt·D·V per sentence row
+  doc2sent, chunk-wide cross-attention (``doc2sent_cross_attention = "chunk"``): each
+                   sentence row's cross attn over the chunk, 2 · 2·Tt·(S·Ts)·D; the K, V
+                   projections stay 2 · 2·Ts·D² per row (once per chunk: B · 2 · 2·S·Ts·D²)
 
 DocT (Zhang et al. 2018) adds, per sentence row, with a context of ``Lc = k·Ts`` slots (the
 ``k`` previous sentences, each padded to ``Ts``)::
@@ -183,6 +186,8 @@ def final_terms(config: Any, shape: BatchShape) -> Terms:
         layer = xl_decoder_layer(N, Tt, Tt, Ts, D, F)
     else:
         layer = decoder_layer(N, Tt, Ts, D, F)
+    if config.cross_attends_chunk:  # every sentence row attends over its chunk's S·Ts keys
+        layer["cross_attention"] = N * 2 * 2 * Tt * S * Ts * D
     _add(total, "decoder", layer, config.num_decoder_layers)
     total["output"] = N * 2 * Tt * D * config.vocab_size
     return total

@@ -223,12 +223,17 @@ def _naive_sentence_layer(cfg, p, s, enc):
 
 
 def naive_loss(cfg, params, batch):
-    """Mean token NLL, computed example by example and sentence by sentence."""
+    """Mean token NLL, computed example by example and sentence by sentence. Sentence ``k``
+    cross-attends to its own encoding, or (Doc2Sent's chunk reading) to every real source
+    token of the chunk."""
     emb = params["embed"]["embedding"]
+    whole_chunk = cfg.doc2sent and cfg.doc2sent_cross_attention == "chunk"
     total, count = 0.0, 0
     for b in range(batch["src"].shape[0]):
         src_len = [int(n) for n in batch["src_mask"][b].sum(-1) if n > 0]
         encoded = _naive_encode(cfg, params, batch["src"][b], src_len)
+        if whole_chunk:
+            encoded = [jnp.concatenate(encoded)] * len(encoded)
         prev_states = None
         for k in range(len(src_len)):
             n = int(batch["tgt_mask"][b, k].sum())
@@ -293,11 +298,16 @@ def test_parallel_model_equals_naive_reference_in_loss_and_gradients(final_model
         assert np.abs(g).max() > 1e-6
 
 
-def test_doc2sent_variant_equals_naive_reference_in_loss():
-    """Whole-chunk lower layers, positions across the chunk, sentence decoder (Table 3)."""
-    cfg = dataclasses.replace(
-        CFG, **dict(TABLE3_SWITCHES["doc2sent+reset+segment"], reset_word_positions=False)
+@pytest.mark.parametrize("reading", ["chunk", "own_slice"])
+def test_doc2sent_variant_equals_naive_reference_in_loss(reading):
+    """Whole-chunk lower layers, positions across the chunk, sentence decoder (Table 3), its
+    cross-attention over the whole chunk or the sentence's own slice."""
+    switches = dict(
+        TABLE3_SWITCHES["doc2sent+reset+segment"],
+        reset_word_positions=False,
+        doc2sent_cross_attention=reading,
     )
+    cfg = dataclasses.replace(CFG, **switches)
     batch = _rows(_batch(), [0])
     model, params = _init(cfg, batch)
     loss = _fast(

@@ -12,9 +12,10 @@ Documents come as chunks ``[B, S, T]`` (``S`` sentences of ``T`` tokens, PAD aft
   feed-forward sublayer. Rows whose chunk has a single sentence skip it: ``h = h^L``.
 * Decoder (Sec. 4.2): Transformer-XL layers (:mod:`.xl`); sentence ``k`` attends to
   ``[SG(s^{l-1}_{k-1}); s^{l-1}_k]`` with the relative positions of Dai et al. (2019),
-  cross-attends to ``h_k`` only, and shares the output softmax with the embedding. Training
-  computes every sentence of a chunk in one pass per layer (the memory of sentence ``k`` is the
-  previous sentence's layer input, shifted along ``S``). Translation searches the sentences of
+  cross-attends to ``h_k`` only (the Doc2Sent rows: the whole chunk, below), and shares the
+  output softmax with the embedding. Training computes every sentence of a chunk in one pass
+  per layer (the memory of sentence ``k`` is the previous sentence's layer input, shifted
+  along ``S``). Translation searches the sentences of
   a chunk in order, the memory of sentence ``k`` being the decoder states of the translation
   chosen for ``k-1`` (never the reference): :mod:`docnmt_jax.decoding.search`, slot by slot.
 
@@ -26,7 +27,8 @@ exactly what the grid computes, with masks in place of the grid's axes: local la
 within the sentence (``doc2sent``: the chunk), the global layer within the chunk at the clipped
 distance of the sentence slots, a chunk with one sentence skips it, the decoder attends
 causally within the sentence, its XL memory is the tokens of the same chunk with slot
-``k - 1``, cross-attention reads the source tokens of the same sentence. Why this is the grid's
+``k - 1``, cross-attention reads the source tokens of the same sentence (the chunk reading of
+the Doc2Sent rows: of the same chunk, dense over the row). Why this is the grid's
 computation: the masks select the same key sets (ids are unique in a row and a chunk never
 leaves its row); the XL distances are differences of chunk positions, which count real target
 tokens only, so ``(C_{k-1} + n_{k-1} + i) - (C_{k-1} + j) = i + n_{k-1} - j`` is the grid's
@@ -39,19 +41,48 @@ max_sentence_len`` and ``D = packed_drift``: ``ceil((M-1)/W)`` blocks either way
 layers, ``ceil((M-1)/W)`` back for the causal part, ``ceil((2M-1)/W)`` back for the memory
 (sentence ``k - 1`` starts at most ``M`` slots before sentence ``k`` under the drift rule), and
 ``ceil((M-1+D)/W)`` either way for cross-attention (a sentence's sides start within ``D``
-slots); the global layer and ``doc2sent``'s local layers stay dense over the row. Windows drop
-only masked keys, so banded equals dense; their cost per token does not grow with ``L``. The
-data must keep every sentence within ``M`` tokens and the drift within ``D`` (the planner's
-:meth:`FinalModel.packing`), and at most ``max_segments`` sentences per chunk.
+slots); the global layer, ``doc2sent``'s local layers and the chunk-wide cross-attention stay
+dense over the row. Windows drop only masked keys, so banded equals dense; their cost per
+token does not grow with ``L``. The data must keep every sentence within ``M`` tokens and the
+drift within ``D`` (the planner's :meth:`FinalModel.packing`), and at most ``max_segments``
+sentences per chunk.
 
 Switches make the rows of Table 3 configurations of this one module (the switch table is in
 the config layer, ``configs/final_table3.py``); the decoder layer class is chosen once, in
 :meth:`Final.setup` (:class:`~.xl.XLDecoderLayer` or :class:`SentenceDecoderLayer`).
 Decisions beyond the paper: per-head scaling ``1/sqrt(d_model/heads)``; without the fusion
-gate ``h = LN(h^L + h^G)``; the global layer adds a feed-forward sublayer after the fusion;
-``gamma^K``/``gamma^V`` are per head; the projections have biases; with ``pre_ln`` the global
-layer normalises its input and the fusion has no output LayerNorm; the memory readings of
-:mod:`.xl`.
+gate ``h = LN(h^L + h^G)``; with ``pre_ln`` the global layer normalises its input and the
+fusion has no output LayerNorm; the memory readings of :mod:`.xl`; and four readings:
+
+* The global layer ends with a feed-forward sublayer after the fusion
+  (:class:`GlobalContextLayer`: ``ffn_block(fused, ffn)``). Sec. 4.1 adds "an additional
+  layer on the top of the local context encoding layers" whose equations stop at
+  ``h = LayerNorm((1-g) h^L + g h^G)``; we read "layer" as the Transformer layer it replaces
+  (the encoder keeps ``N`` layers of attention + FFN, Sec. 5.1's ``N = 4``): the fusion takes
+  the place of the attention sublayer's residual + LayerNorm, the FFN sublayer stays, so a
+  sentence Transformer's top encoder layer fills it (:meth:`FinalModel.transformer_rules`).
+* ``gamma^K``/``gamma^V`` are per head, ``[2R+1, H, D/H]``
+  (:class:`SegmentRelativeAttention`: ``relative_key``/``relative_value``). Eq. (1) adds
+  ``gamma^K_{k-kappa}``, "a parameter vector", to ``x W^K`` and scales by ``sqrt(d_z)``, with
+  ``d_z = 256`` the model dimension (Sec. 5.1): a ``d_z``-vector added before
+  ``MultiHead`` splits ``x W^K`` into heads is one slice per head (Shaw et al. 2018 instead
+  share one head-sized vector across heads).
+* The projections ``W^Q``, ``W^K``, ``W^V`` and the output projection have biases
+  (:func:`~.layers.heads_projection`, :func:`~.layers.output_projection`, ``use_bias``
+  default). Eq. (1) names "linear projection matrices"; with biases they are the sentence
+  Transformer's attention projections (ours have biases), so the Table 4 transfer maps them
+  one to one.
+* Doc2Sent rows (``doc2sent``): every target sentence cross-attends over the encoding of the
+  whole chunk, its padding masked (``doc2sent_cross_attention = "chunk"``, the default;
+  :meth:`Final.cross_memory`, :func:`~.xl.packed_decoder_attention` with ``cross_chunk``,
+  :meth:`FinalModel.search_inputs`). Sec. 5.2: "only casting the whole source document as
+  an input sequence (Doc2Sent) does not work" (6.8 BLEU against SENTNMT's 11.4; Table 3's
+  caption: "using a entire document as a sequence for input"), and "reset word positions
+  and introducing segment embedding for each sentence alleviate this problem": that reads as
+  a decoder that sees the whole document and must find its sentence in it, which positions
+  restarting per sentence and segment embeddings make easier. The earlier reading, each
+  sentence reading only its own slice ``h_k`` of the chunk encoding (Sec. 4.2's
+  ``CrossAttn(s, h_k, h_k)``), is the named variant ``"own_slice"``.
 """
 
 from __future__ import annotations
@@ -94,6 +125,8 @@ Array = jax.Array
 #: for ``side`` in src/tgt and ``name`` in :data:`SEGMENT_FEATURES`.
 Segments = dict[str, Array]
 SEGMENT_FEATURES = ("positions", "chunk_positions", "segment_ids", "chunk_ids", "sentence_index")
+#: Readings of the Doc2Sent rows' cross-attention (:attr:`FinalConfig.doc2sent_cross_attention`).
+DOC2SENT_CROSS_ATTENTION = ("chunk", "own_slice")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +139,10 @@ class FinalConfig(TransformerConfig):
     ``E^s_k``. ``segment_relative_attention``: the top encoder layer is the global layer
     (else all ``N`` layers are plain). ``context_fusion_gate``: gated fusion (else residual).
     ``xl_decoder``: Transformer-XL decoder (else the sentence decoder with absolute positions).
+    ``doc2sent_cross_attention`` (with ``doc2sent`` only): ``"chunk"``, every target sentence
+    cross-attends over the encoding of the whole chunk (its padding masked), Table 3's Doc2Sent
+    ("the entire document as input"); ``"own_slice"``, over its own sentence's slice ``h_k``
+    only (a named variant). Without ``doc2sent`` the decoder reads ``h_k`` (Sec. 4.2).
 
     Packed rows (training): ``packed_block`` is the block width ``W`` of banded attention,
     ``packed_drift`` the most the source and target offsets of a sentence may differ in a row
@@ -119,6 +156,7 @@ class FinalConfig(TransformerConfig):
     context_fusion_gate: bool = True
     xl_decoder: bool = True
     doc2sent: bool = False
+    doc2sent_cross_attention: str = "chunk"  # DOC2SENT_CROSS_ATTENTION
     max_relative_distance: int = 20
     max_segments: int = 20
     packed_block: int = 64  # Bible, TED size, CPU: 64 beat 16/32/128/256 (BUILD_NOTES)
@@ -126,6 +164,11 @@ class FinalConfig(TransformerConfig):
     max_sentence_len: int = 128
 
     def __post_init__(self) -> None:
+        if self.doc2sent_cross_attention not in DOC2SENT_CROSS_ATTENTION:
+            raise ValueError(
+                f"doc2sent_cross_attention must be one of {DOC2SENT_CROSS_ATTENTION}: "
+                f"{self.doc2sent_cross_attention!r}"
+            )
         if self.max_relative_distance < 0:
             raise ValueError(f"max_relative_distance must be >= 0: {self.max_relative_distance}")
         if self.max_segments < 1:
@@ -138,6 +181,12 @@ class FinalConfig(TransformerConfig):
             raise ValueError(f"packed_drift must be >= 0: {self.packed_drift}")
         if self.max_sentence_len < 1:
             raise ValueError(f"max_sentence_len must be >= 1: {self.max_sentence_len}")
+
+    @property
+    def cross_attends_chunk(self) -> bool:
+        """Every target sentence cross-attends over the whole chunk (``doc2sent`` rows with
+        ``doc2sent_cross_attention = "chunk"``); else over its own sentence."""
+        return self.doc2sent and self.doc2sent_cross_attention == "chunk"
 
 
 def _relpos_init() -> layers.Initializer:
@@ -491,10 +540,14 @@ class Final(nn.Module):
         num_layers: int,
     ) -> tuple[Array, list[Array]]:
         """Decoder over rows ``[R, T]``; ``memory_fn(layer, states)`` gives the memory of layer
-        ``layer`` (``states`` = its input). Returns the last output and every layer's input."""
+        ``layer`` (``states`` = its input). Returns the last output and every layer's input.
+        ``encoded [R', Ts, D]`` (``src_mask [R', Ts]``) is what the rows cross-attend to: one
+        row each (``R' = R``), or one per ``G = R / R'`` contiguous rows (the sentences of a
+        chunk, :meth:`cross_memory`), which share its keys (``MultiHeadAttention.attend``)."""
         positions = jnp.broadcast_to(jnp.arange(tgt_in.shape[-1]), tgt_in.shape)
         y = self._embed_target(tgt_in, positions)
-        cross_mask = layers.padding_mask(tgt_mask, src_mask)
+        groups = tgt_in.shape[0] // encoded.shape[0]
+        cross_mask = layers.padding_mask(layers.group_rows(tgt_mask, groups), src_mask)
         inputs = []
         for i, layer in enumerate(self.decoder_layers[:num_layers]):
             inputs.append(y)
@@ -502,13 +555,23 @@ class Final(nn.Module):
             y = layer.teacher_forced(y, tgt_mask, memory, memory_mask, encoded, cross_mask)
         return y, inputs
 
+    def cross_memory(self, encoded: Array, src_mask: Array) -> tuple[Array, Array]:
+        """What the sentences of chunks ``encoded [B, S, Ts, D]`` (``src_mask [B, S, Ts]``)
+        cross-attend to, as rows: their own slices ``h_k`` (``[B*S, Ts, D]``, ``[B*S, Ts]``),
+        or with :attr:`FinalConfig.cross_attends_chunk` the whole chunk, one row per chunk
+        shared by its ``S`` sentence rows (``[B, S*Ts, D]``, ``[B, S*Ts]``; keys projected
+        once per chunk)."""
+        B, S, Ts, D = encoded.shape
+        rows = (B, S * Ts) if self.config.cross_attends_chunk else (B * S, Ts)
+        return encoded.reshape(rows + (D,)), src_mask.reshape(rows)
+
     def decode(self, encoded: Array, src_mask: Array, tgt_in: Array, tgt_mask: Array) -> Array:
         """Teacher-forced, all sentences in parallel: ``tgt_in [B, S, T]`` (shifted right) ->
         logits ``[B, S, T, V]``. The memory of sentence ``k`` in layer ``l`` is
-        ``SG(s^{l-1}_{k-1})``, the previous sentence's layer input (none for ``k = 0``)."""
+        ``SG(s^{l-1}_{k-1})``, the previous sentence's layer input (none for ``k = 0``); the
+        cross-attention reads :meth:`cross_memory`."""
         cfg = self.config
         B, S, T = tgt_in.shape
-        Ts = src_mask.shape[-1]
 
         def shift(x: Array) -> Array:  # sentence k gets row k-1 of ``x [B, S, ...]``
             return jnp.pad(x[:, :-1], [(0, 0), (1, 0)] + [(0, 0)] * (x.ndim - 2))
@@ -520,8 +583,7 @@ class Final(nn.Module):
             return memory.reshape(B * S, T, cfg.d_model), memory_mask
 
         y, _ = self._decode_rows(
-            encoded.reshape(B * S, Ts, cfg.d_model),
-            src_mask.reshape(B * S, Ts),
+            *self.cross_memory(encoded, src_mask),
             tgt_in.reshape(B * S, T),
             tgt_mask.reshape(B * S, T),
             memory_fn,
@@ -533,14 +595,21 @@ class Final(nn.Module):
         """Teacher-forced over packed rows: ``tgt_in [B, L]`` (shifted right within each
         sentence) and ``encoded [B, L, D]`` (:meth:`encode_packed`) -> logits ``[B, L, V]``,
         banded (:func:`~.xl.packed_decoder_attention`); the XL memory of sentence ``k`` is
-        ``SG`` of sentence ``k - 1`` of the same chunk, in the same row."""
+        ``SG`` of sentence ``k - 1`` of the same chunk, in the same row. Cross-attention reads
+        the source sentence with the query's segment id, banded, or with
+        :attr:`FinalConfig.cross_attends_chunk` every source token of the query's chunk,
+        dense over the row (the row's query blocks grouped against it)."""
         cfg = self.config
         attention = packed_decoder_attention(
-            segments, cfg.packed_block, cfg.max_sentence_len, cfg.packed_drift
+            segments,
+            cfg.packed_block,
+            cfg.max_sentence_len,
+            cfg.packed_drift,
+            cross_chunk=cfg.cross_attends_chunk,
         )
-        band = attention.current  # every band has the same blocks
+        band = attention.current  # the self-attention bands have the same blocks
         y = band.blocks(self._embed_target(tgt_in, segments["tgt_positions"]))
-        encoded = band.blocks(encoded)
+        encoded = attention.cross.blocks(encoded)  # own slice: band's blocks; chunk: the rows
         for layer in self.decoder_layers:
             y = layer.teacher_forced_packed(y, encoded, attention)
         return self._output(band.unblock(y))
@@ -567,7 +636,9 @@ class Final(nn.Module):
         self, encoded: Array, src_mask: Array, tgt: Array, tgt_mask: Array, memory: Memory
     ) -> tuple[Array, Memory]:
         """One sentence per row, teacher-forced on ``tgt [B, T]`` (not shifted) with the previous
-        sentence's ``memory``: (logits ``[B, T, V]``, this sentence's memory for the next)."""
+        sentence's ``memory``: (logits ``[B, T, V]``, this sentence's memory for the next).
+        ``encoded``/``src_mask``: what the sentence cross-attends to, its own ``h_k [B, Ts, D]``
+        or with :attr:`FinalConfig.cross_attends_chunk` its chunk's ``[B, S*Ts, D]``."""
         y, inputs = self._decode_rows(
             encoded,
             src_mask,
@@ -615,7 +686,9 @@ class Final(nn.Module):
     def decode_inputs(self, encoded: Array, src_mask: Array, memory: MemoryKV) -> dict[str, Any]:
         """Per-example inputs of :meth:`decode_step` (the ``extra`` of the search, one row per
         example, shared by its beams): the source mask, every layer's cross-attention
-        keys/values (computed once) and the previous sentence's memory keys/values."""
+        keys/values (computed once) and the previous sentence's memory keys/values.
+        ``encoded``/``src_mask``: what the sentence cross-attends to, as in training
+        (:meth:`cross_memory`: its ``h_k`` or its chunk's encoding)."""
         extra: dict[str, Any] = {"src_mask": src_mask, "memory_mask": memory["mask"]}
         for i, layer in enumerate(self.decoder_layers):
             k, v = layer.cross_kv(encoded)
@@ -746,16 +819,26 @@ class FinalModel(BaseModel):
         self, params: Any, batch: dict[str, Array], search: SearchConfig
     ) -> tuple[tuple[Array, Array, Array], MemoryKV]:
         """The chunks encoded once (:func:`~docnmt_jax.decoding.search.encode_in_groups`), per
-        sentence slot: (encoded ``[S, B, T, D]``, source mask ``[S, B, T]``, output limits
-        ``[S, B]``), and the empty memory of sentence 0 (the layout of a search cache)."""
+        sentence slot: (what the sentence cross-attends to ``[S, B, Tk, D]`` and its mask
+        ``[S, B, Tk]``, the sentence's source mask ``[S, B, T]``), and the empty memory of
+        sentence 0 (the layout of a search cache). The cross-attention inputs are the
+        training's (:meth:`Final.cross_memory`): the sentence's own ``h_k`` (``Tk = T``), or
+        with :attr:`FinalConfig.cross_attends_chunk` the whole chunk in every slot
+        (``Tk = S*T``)."""
         module, variables = self.eval_module, {"params": params}
         src, src_mask = batch["src"], batch["src_mask"]
         encoded = encode_in_groups(module, variables, src, src_mask)
-        max_len, limits = sentence_limits(src_mask, search)
+        max_len, _ = sentence_limits(src_mask, search)
         cache = module.apply(variables, src.shape[0], max_len, method=module.init_cache)
         memory = {k: v for k, v in cache.items() if k != "index"}
         memory["mask"] = jnp.zeros((src.shape[0], max_len), jnp.int32)  # sentence 0: none
-        return (encoded.swapaxes(0, 1), src_mask.swapaxes(0, 1), limits.swapaxes(0, 1)), memory
+        B, S, T, D = encoded.shape
+        if self.config.cross_attends_chunk:
+            cross = jnp.broadcast_to(encoded.reshape(1, B, S * T, D), (S, B, S * T, D))
+            cross_mask = jnp.broadcast_to(src_mask.reshape(1, B, S * T), (S, B, S * T))
+        else:
+            cross, cross_mask = encoded.swapaxes(0, 1), src_mask.swapaxes(0, 1)
+        return (cross, cross_mask, src_mask.swapaxes(0, 1)), memory
 
     def search_slot(
         self,
@@ -764,12 +847,13 @@ class FinalModel(BaseModel):
         slot: tuple[Array, Array, Array],
         search: SearchConfig,
     ) -> BeamResult:
-        """Beam search of one sentence per row, ``slot`` = (encoded, source mask, limits),
-        with the previous sentence's ``memory``; keeps the chosen hypothesis's cache."""
+        """Beam search of one sentence per row, ``slot`` = (cross-attention inputs, their
+        mask, the sentence's source mask: its output limit), with the previous sentence's
+        ``memory``; keeps the chosen hypothesis's cache."""
         module, variables = self.eval_module, {"params": params}
-        encoded, src_mask, limits = slot
-        max_len = search.output_len(encoded.shape[1])
-        extra = module.apply(variables, encoded, src_mask, memory, method=module.decode_inputs)
+        encoded, cross_mask, src_mask = slot
+        max_len, limits = sentence_limits(src_mask, search)
+        extra = module.apply(variables, encoded, cross_mask, memory, method=module.decode_inputs)
         return search_decoder(
             module, variables, extra, search, max_len, limits, keep_best_cache=self.uses_memory
         )

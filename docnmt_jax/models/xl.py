@@ -38,13 +38,13 @@ KeyPart = tuple[Array, Array, Array, Array]  # keys, values, boolean mask, dista
 class PackedDecoderAttention(NamedTuple):
     """What a decoder layer attends to in packed rows (``teacher_forced_packed``), per query
     block of the decoder's block rows ``[N = B * blocks, W]``: the bands (windows) of the three
-    key sets, their boolean masks ``[N, 1, W, K]`` and the relative distances ``[N, W, K]`` of
-    the self-attention parts (query minus key, in chunk positions). Built by
-    :func:`packed_decoder_attention`."""
+    key sets, their boolean masks ``[N, 1, W, K]`` (chunk-wide cross-attention: ``[B, 1, L,
+    L]``) and the relative distances ``[N, W, K]`` of the self-attention parts (query minus
+    key, in chunk positions). Built by :func:`packed_decoder_attention`."""
 
     current: layers.Band  # causal self-attention: the earlier tokens of the query's sentence
     memory: layers.Band  # the previous sentence of the query's chunk (XL memory)
-    cross: layers.Band  # the source sentence with the query's segment id
+    cross: layers.Band  # the source sentence with the query's segment id (or chunk: dense)
     current_mask: Array
     current_distance: Array
     memory_mask: Array
@@ -54,7 +54,11 @@ class PackedDecoderAttention(NamedTuple):
 
 
 def packed_decoder_attention(
-    segments: dict[str, Array], width: int, max_sentence_len: int, drift: int
+    segments: dict[str, Array],
+    width: int,
+    max_sentence_len: int,
+    drift: int,
+    cross_chunk: bool = False,
 ) -> PackedDecoderAttention:
     """The decoder's attention over packed rows (issue 14 design, §1 and §2.5) from the packed
     features ``segments`` (``{src,tgt}_{positions, chunk_positions, segment_ids, chunk_ids,
@@ -65,7 +69,9 @@ def packed_decoder_attention(
       sentence, which starts at most ``M`` slots before the query's sentence when the rows were
       laid with drift ``<= drift`` (so within ``2M - 1`` tokens back);
     * cross-attention: the source tokens with the query's segment id (within ``M - 1 + drift``
-      tokens either way);
+      tokens either way); with ``cross_chunk`` those of the query's chunk, dense over the row
+      (``cross`` is ``Band.dense``, ``cross_mask [B, 1, L, L]``: the source rows are not
+      blocked and a row's query blocks share them, ``MultiHeadAttention.attend``'s groups);
     * distances of both self-attention parts: ``tgt_chunk_positions`` of the query minus the
       key's, the grid's ``i - j`` and ``i + n_mem - j`` (chunk positions count real tokens).
 
@@ -74,7 +80,6 @@ def packed_decoder_attention(
     M = max_sentence_len
     current = layers.Band.covering(L, width, M - 1, 0)
     memory = layers.Band.covering(L, width, 2 * M - 1, 0)
-    cross = layers.Band.covering(L, width, M - 1 + drift, M - 1 + drift)
 
     def query(name: str) -> Array:  # [N, W, 1]
         return current.blocks(segments[name])[:, :, None]
@@ -95,7 +100,12 @@ def packed_decoder_attention(
         & (chunk_q > 0)
         & (key(memory, "tgt_sentence_index") == query("tgt_sentence_index") - 1)
     )
-    cross_mask = (seg_q == key(cross, "src_segment_ids")) & (seg_q > 0)
+    if cross_chunk:  # source rows unblocked, shared by the row's query blocks
+        cross = layers.Band.dense(L)
+        cross_mask = layers.segment_mask(segments["tgt_chunk_ids"], segments["src_chunk_ids"])
+    else:
+        cross = layers.Band.covering(L, width, M - 1 + drift, M - 1 + drift)
+        cross_mask = ((seg_q == key(cross, "src_segment_ids")) & (seg_q > 0))[:, None]
     return PackedDecoderAttention(
         current=current,
         memory=memory,
@@ -104,7 +114,7 @@ def packed_decoder_attention(
         current_distance=cpos_q - key(current, "tgt_chunk_positions"),
         memory_mask=memory_mask[:, None],
         memory_distance=cpos_q - key(memory, "tgt_chunk_positions"),
-        cross_mask=cross_mask[:, None],
+        cross_mask=cross_mask,
         max_distance=2 * M,
     )
 
