@@ -7,6 +7,7 @@ as a user would. The pipeline section and the presets are called from ``docnmt_j
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -49,7 +50,13 @@ def _positive(*values):
 
 
 def _quick_train_flops(name):
-    return flops.train_flops(build_model(dict(QUICK_SIZE, name=name), 64), QUICK_SHAPE)
+    """The --quick size's train FLOPs of ``name``: the keys of QUICK_SIZE its config has (an
+    RNN has layers and dimensions, no heads: ``num_layers``/``embed_dim``, as the benchmark
+    sizes it)."""
+    fields = {f.name for f in dataclasses.fields(registered()[name].config_class)}
+    size = dict(QUICK_SIZE, embed_dim=QUICK_SIZE["d_model"], num_layers=1)
+    config = {k: v for k, v in size.items() if k in fields}
+    return flops.train_flops(build_model(dict(config, name=name), 64), QUICK_SHAPE)
 
 
 def _check_train(result, models):
