@@ -21,20 +21,11 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
     ends normally, removed when it raises. Text mode defaults to UTF-8 with ``\\n`` newlines."""
     if "w" not in mode:
         raise ValueError(f"atomic_open writes a new file; mode {mode!r} has no 'w'")
-    path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if "b" not in mode:
         kwargs.setdefault("encoding", "utf-8")
         kwargs.setdefault("newline", "\n")
-    tmp = path + PARTIAL_SUFFIX
-    try:
-        with open(tmp, mode, **kwargs) as f:
-            yield f
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+    with atomic_path(path) as tmp, open(tmp, mode, **kwargs) as f:
+        yield f
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> str:
