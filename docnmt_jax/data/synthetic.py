@@ -441,15 +441,24 @@ def word_level_vocab_size(documents: Sequence[Document]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m docnmt_jax.data.synthetic OUT_DIR [--train N --dev N --test N --seed S]``."""
+    """``python -m docnmt_jax.data.synthetic OUT_DIR [--train N --dev N --test N --seed S]
+    [--distances 1,2 --min_sentences 2 --max_sentences 4 --p_pronoun 1 --p_topic 0]``."""
     p = argparse.ArgumentParser(description="Write the synthetic context-task corpus.")
     p.add_argument("out_dir")
     p.add_argument("--train", type=int, default=SyntheticConfig.num_documents)
     p.add_argument("--dev", type=int, default=500)
     p.add_argument("--test", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--distances", help="comma-separated antecedent distances (default 1..15)")
+    for name in ("min_sentences", "max_sentences"):
+        p.add_argument(f"--{name}", type=int, default=getattr(SyntheticConfig, name))
+    for name in ("p_pronoun", "p_topic"):
+        p.add_argument(f"--{name}", type=float, default=getattr(SyntheticConfig, name))
     args = p.parse_args(argv)
-    config = SyntheticConfig(num_documents=args.train, seed=args.seed)
+    task = {k: getattr(args, k) for k in ("min_sentences", "max_sentences", "p_pronoun", "p_topic")}
+    if args.distances:
+        task["distances"] = tuple(int(d) for d in args.distances.split(","))
+    config = SyntheticConfig(num_documents=args.train, seed=args.seed, **task)
     written = write_corpus(
         args.out_dir, config, {"train": args.train, "dev": args.dev, "test": args.test}
     )

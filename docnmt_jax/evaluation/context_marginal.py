@@ -381,9 +381,12 @@ def model_context_usage(
     seed: int = 0,
     batch_tokens: int = 4096,
     progress: bool = True,
+    true_hypotheses: list[list[str]] | None = None,
 ) -> ContextUsage:
     """:func:`context_usage` of the translator's model (its search, chunks and window) with
-    :func:`sentence_scorer` (sentences of at most ``max_len`` tokens, as in training)."""
+    :func:`sentence_scorer` (sentences of at most ``max_len`` tokens, as in training);
+    ``true_hypotheses``: the translator's translation of ``documents`` with their true
+    context when it is at hand (not translated again)."""
     model = translator.model
     chunks = random_chunks(model, translator.pipeline_config.max_sentences)
     config = dataclasses.replace(
@@ -395,9 +398,15 @@ def model_context_usage(
         sequential_sentences=False,
     )
     scorer = sentence_scorer(model, translator.params, translator.tokenizer, config)
+
+    def translate(docs: Sequence[Document]) -> list[list[str]]:
+        if true_hypotheses is not None and docs is documents:
+            return true_hypotheses
+        return translator.translate(docs)
+
     return context_usage(
         documents,
-        translator.translate,
+        translate,
         scorer,
         chunks,
         model.context_sentences,

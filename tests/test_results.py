@@ -1,0 +1,174 @@
+"""The results table (issue 21): rows, budget, speed parsing and the report's arithmetic,
+each against an independent reference (a hand count, the plan's own batches, statistics by
+hand). The whole pipeline runs in CI as ``make results-quick``."""
+
+import dataclasses
+import math
+import os
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from docnmt_jax.data import pipeline as pipeline_lib
+from docnmt_jax.data.tokenizer import get_or_train_tokenizer
+from docnmt_jax.errors import ConfigError
+from docnmt_jax.evaluation import results as R
+from docnmt_jax.models import build_model
+from docnmt_jax.training import trainer
+
+
+def test_every_row_loads_and_names_are_unique(tmp_path):
+    rows = R.rows()
+    names = [r.name for r in rows]
+    assert len(names) == len(set(names))
+    # Every model the papers compare, and the seeds of the Transformer and FINAL.
+    for name in (
+        "transformer",
+        "doc2doc",
+        "final",
+        "doct",
+        "hmgdc",
+        "jean_cho",
+        "jean_cho_margin",
+        "final_finetuned",
+        "transformer_seed1",
+        "final_seed2",
+    ):
+        assert name in names
+    settings = R.quick_settings(str(tmp_path), "data/bible")
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        for row in rows:
+            config = R.row_config(row, settings, 10, "spm.model")
+            assert config.train.num_steps == 10 and config.train.seed == row.seed
+            assert config.model.get("d_model", 32) == 32
+            for key, value in row.overrides:
+                section, _, leaf = key.rpartition(".")
+                node = config[section] if section else config
+                assert node[leaf] == value
+            if row.init_from:
+                assert config.init_from == settings.row_dir(row.init_from)
+    finally:
+        os.chdir(cwd)
+
+
+def test_select_rows_adds_what_a_row_starts_from():
+    picked = [r.name for r in R.select_rows("final_finetuned", seeds=(0,))]
+    assert picked == ["transformer", "final_finetuned"]
+    picked = [r.name for r in R.select_rows("doct", seeds=(0, 1))]
+    assert picked == ["transformer", "doct"]
+    with pytest.raises(ConfigError, match="unknown rows"):
+        R.select_rows("nope", seeds=(0,))
+
+
+def test_train_speed_adds_windows_not_rates(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(
+        "2026-01-01 00:00:00 data: something\n"
+        "2026-01-01 00:00:01 step=50 train/loss=3 train/tokens=1000 train/tokens_per_s=500\n"
+        "2026-01-01 00:00:02 step=100 train/loss=2 train/tokens=3000 train/tokens_per_s=1000\n"
+        "2026-01-01 00:00:03 step=100 dev_loss=2\n"
+    )
+    speed = R.train_speed(str(log))
+    # 1000 tokens in 2 s, 3000 in 3 s: 4000 / 5 = 800 (the mean of the rates would be 750).
+    assert speed["train_tokens"] == 4000
+    assert speed["train_seconds"] == pytest.approx(5.0)
+    assert speed["train_tokens_per_s"] == pytest.approx(800.0)
+    assert R.train_speed(str(tmp_path / "missing.log"))["train_tokens_per_s"] == 0.0
+
+
+def test_tokens_per_step_counts_the_plans_real_target_tokens(synthetic_dir, tmp_path):
+    row = next(r for r in R.rows() if r.name == "final")
+    settings = R.quick_settings(str(tmp_path), synthetic_dir)
+    docs = trainer.load_documents(
+        __import__("ml_collections").ConfigDict({"data_dir": synthetic_dir}), "train"
+    )
+    tokenizer = get_or_train_tokenizer(str(tmp_path / "spm.model"), docs, vocab_size=320)
+    config = R.row_config(row, settings, 1, tokenizer.model_path)
+    per_step, epoch = R.tokens_per_step(config, tokenizer)
+    # Reference: one epoch of the same plan, batch by batch, target mask summed.
+    model = build_model(config.model, tokenizer.vocab_size)
+    cfg = trainer.pipeline_config(
+        config.data,
+        config.train.seed,
+        True,
+        model.layout.sentence_level,
+        packing=model.packing(),
+        context_sentences=model.context_sentences,
+        whole_documents=model.whole_documents,
+    )
+    cfg = dataclasses.replace(cfg, num_epochs=1)  # the training plan, one epoch of it
+    plan = pipeline_lib.plan_batches(docs, tokenizer.encode_batch, cfg)
+    batches = list(pipeline_lib.numpy_batches(plan))
+    real = sum(int(np.sum(b["tgt_mask"])) for b in batches)
+    # Every target token of the corpus, each sentence with its EOS.
+    by_hand = sum(len(ids) + 1 for d in docs for ids in tokenizer.encode_batch(list(d.tgt)))
+    assert epoch == real == by_hand
+    assert per_step == pytest.approx(real / len(batches))
+
+
+def _record(s_bleu, d_bleu, delta=None, params=1000, tok_s=100.0, sent_s=10.0):
+    scores = {
+        "s_bleu": {"score": s_bleu, "signature": "BLEU|sig"},
+        "d_bleu": {"score": d_bleu, "signature": "BLEU|sig"},
+        "chrf": {"score": 30.0, "signature": "chrF|sig"},
+    }
+    context = (
+        None
+        if delta is None
+        else {"context_marginalised_bleu": s_bleu - delta, "delta_bleu": delta}
+    )
+    return {
+        "train": {"steps": 10, "epochs": 0.5, "wall_seconds": 60, "train_tokens_per_s": tok_s},
+        "measure": {
+            "scores": scores,
+            "context": context,
+            "single_sentence": {"score": 1.0},
+            "pronouns": {"f1": 0.5},
+            "decode": {"sentences_per_s": sent_s},
+        },
+        "synthetic": {"accuracy": 0.9},
+        "params": {"params": params},
+    }
+
+
+def test_report_ratios_spread_and_goals(tmp_path):
+    rows = R.select_rows(
+        "transformer,transformer_seed1,transformer_seed2,final,final_seed1,"
+        "final_seed2,final_finetuned,jean_cho,jean_cho_margin",
+        (0, 1, 2),
+    )
+    records = {
+        "transformer": _record(10.0, 12.0, params=1000, tok_s=200.0, sent_s=20.0),
+        "transformer_seed1": _record(11.0, 13.0),
+        "transformer_seed2": _record(12.0, 14.0),
+        "final": _record(13.0, 15.0, delta=0.5, params=1300, tok_s=100.0, sent_s=5.0),
+        "final_seed1": _record(13.0, 15.0, delta=0.2),
+        "final_seed2": _record(13.0, 15.0, delta=0.1),
+        "jean_cho": _record(9.0, 10.0, delta=0.3),
+        "jean_cho_margin": _record(9.0, 10.0, delta=-0.1),
+    }
+    settings = R.quick_settings(str(tmp_path), "d")
+    text, payload = R.report(rows, records, settings, "# header")
+    numbers = {r["name"]: r["numbers"] for r in payload["rows"]}
+    assert numbers["final"]["train_ratio"] == pytest.approx(0.5)
+    assert numbers["final"]["decode_ratio"] == pytest.approx(0.25)
+    assert numbers["final"]["delta_params"] == 300
+    # final_finetuned has no record of its own: its synthetic accuracy is FINAL's.
+    assert numbers["final_finetuned"]["synthetic"] == pytest.approx(0.9)
+    # Transformer s-BLEU 10, 11, 12: mean 11, sample sd 1.
+    mean, sd = R.seed_spread(numbers, "transformer", "s_bleu")
+    assert (mean, sd) == (pytest.approx(11.0), pytest.approx(1.0))
+    assert "transformer: s-BLEU 11.00 ± 1.00" in text
+    # FINAL - Transformer: +2.00 s-BLEU (the goal holds at exactly 2), +2.00 d-BLEU (missed by 0.5).
+    assert "+2.00 — holds" in text
+    assert "missed by 0.50" in text
+    assert "every document model's Δ_BLEU > 0: 4 of 5 rows; not: jean_cho_margin -0.10" in text
+    assert "(jean_cho_margin against jean_cho): -0.10 against +0.30 — does not hold" in text
+    # Beyond twice the larger seed sd (2 x 1.0): FINAL's +2.00 is not; jean_cho's -2.00 is not.
+    assert "larger seed spread: none" in text
+    assert "Rows not yet complete: final_finetuned." in text
+    assert "BLEU|sig" in text and "chrF|sig" in text
+    assert math.isclose(numbers["jean_cho"]["random_bleu"], 8.7)
