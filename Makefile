@@ -33,7 +33,7 @@ data: venv sword
 # The main job: the synthetic context proof (sentence Transformer against FINAL), then FINAL
 # trained on the Bible for DEMO_MINUTES, the test books translated (beam 5) with true and
 # random context and scored; every step's command is printed. ARGS: more launch/demo.py flags.
-DEMO_MINUTES ?= 14
+DEMO_MINUTES ?= 12
 demo: data
 	$(BIN)/python launch/demo.py --train_minutes $(DEMO_MINUTES) $(ARGS)
 

@@ -1,7 +1,7 @@
 """The main job (``make demo``): what a document model does, in about 30 minutes on a CPU.
 
-    python launch/demo.py [--out runs/demo] [--data_dir data/bible] [--train_minutes 14]
-        [--proof_steps 1500] [--model final] [--test_books 5]
+    python launch/demo.py [--out runs/demo] [--data_dir data/bible] [--train_minutes 12]
+        [--proof_steps 1200] [--model final] [--test_chapters N]
 
 1. **Synthetic context proof.** A corpus whose labelled words (a pronoun's gender, an
    ambiguous word's sense) are decided by a sentence one or two back; the sentence
@@ -42,8 +42,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--data_dir", default="data/bible", help="the prepared Bible corpus")
     p.add_argument("--model", default="final", help="the document model: a configs/ name")
-    p.add_argument("--train_minutes", type=float, default=14.0, help="Bible training time")
-    p.add_argument("--proof_steps", type=int, default=1500, help="synthetic training steps")
+    p.add_argument("--train_minutes", type=float, default=12.0, help="Bible training time")
+    p.add_argument("--proof_steps", type=int, default=1200, help="synthetic training steps")
     p.add_argument("--proof_docs", type=int, default=2000, help="synthetic training documents")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument(

@@ -46,6 +46,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--doc", help="also write the report here (default docs/results.md; --quick: none)"
     )
     p.add_argument("--data_dir", default="data/bible", help="the prepared Bible corpus")
+    p.add_argument(
+        "--readme",
+        help="also fill this file's <!-- results:begin/end --> block with the table "
+        "(default README.md; --quick: none)",
+    )
     p.add_argument("--rows", default="", help="comma-separated rows (default: all)")
     p.add_argument("--seeds", default="0,1,2", help="seeds of the Transformer and FINAL rows")
     p.add_argument("--base_steps", type=int, help="budget: packed sentence-Transformer steps")
@@ -57,7 +62,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--jobs", type=int, default=0, help="processes sharing the rows (default 1; --quick 2)"
     )
     p.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # set by --jobs
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.readme is None:
+        args.readme = "" if args.quick else "README.md"
+    return args
 
 
 def settings_from(args: argparse.Namespace) -> R.Settings:
@@ -192,6 +200,22 @@ def context_scope(settings: R.Settings, plan: R.Plan) -> str:
     )
 
 
+README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def update_readme(path: str, report: str) -> None:
+    """Replaces the text between the results markers of ``path`` with the report's table
+    and notes (its title and header paragraphs stay in docs/results.md)."""
+    with open(path, encoding="utf-8") as f:
+        readme = f.read()
+    if README_BEGIN not in readme or README_END not in readme:
+        raise R.ConfigError(f"{path}: no {README_BEGIN} ... {README_END} block to fill")
+    table = report[report.index("| row |") :]
+    head, rest = readme.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    write_atomic(path, f"{head}{README_BEGIN}\n{table.rstrip()}\n{README_END}{tail}")
+
+
 def argv_is_cli() -> bool:
     return os.path.basename(sys.argv[0]) == "results.py"
 
@@ -232,8 +256,10 @@ def run_rows(
     stages: list[str],
     say,
     on_stage,
+    after_row=lambda: None,
 ) -> list[str]:
-    """Runs (or finds saved) every stage of ``row_list``; returns the failed stages."""
+    """Runs (or finds saved) every stage of ``row_list`` (``after_row()`` after each row);
+    returns the failed stages."""
     failures: list[str] = []
     for row in row_list:
         if row.name not in budget:
@@ -287,6 +313,7 @@ def run_rows(
             if fresh:
                 say(f"{row.name}: {stage} done in {time.monotonic() - t0:.0f} s")
             on_stage(1)
+        after_row()
     return failures
 
 
@@ -342,22 +369,30 @@ def main(argv: list[str] | None = None) -> int:
         mine = [r for i, r in enumerate(row_list) if i % jobs == args.worker]
         return 1 if run_rows(mine, settings, plan, budget, stages, say, lambda n: None) else 0
 
+    doc = args.doc if args.doc is not None else ("" if settings.quick else "docs/results.md")
+
+    def write_report() -> str:
+        """The report of every record saved so far (after each row and at the end)."""
+        records = load_records(row_list, settings, budget)
+        text, payload = R.report(row_list, records, settings, header(args, settings, plan))
+        body = json.dumps(payload, indent=2, default=float) + "\n"
+        write_atomic(os.path.join(settings.out, "results.md"), text)
+        write_atomic(os.path.join(settings.out, "results.json"), body)
+        if doc:
+            os.makedirs(os.path.dirname(doc) or ".", exist_ok=True)
+            write_atomic(doc, text)
+            write_atomic(os.path.splitext(doc)[0] + ".json", body)
+        if args.readme:
+            update_readme(args.readme, text)
+        return text
+
     bar = tqdm(total=len(row_list) * len(R.STAGES), desc="results", unit="stage")
     if jobs > 1:
         failures = run_workers(args, jobs, settings, row_list, bar)
     else:
-        failures = run_rows(row_list, settings, plan, budget, stages, say, bar.update)
+        failures = run_rows(row_list, settings, plan, budget, stages, say, bar.update, write_report)
     bar.close()
-    records = load_records(row_list, settings, budget)
-    text, payload = R.report(row_list, records, settings, header(args, settings, plan))
-    body = json.dumps(payload, indent=2, default=float) + "\n"
-    write_atomic(os.path.join(settings.out, "results.md"), text)
-    write_atomic(os.path.join(settings.out, "results.json"), body)
-    doc = args.doc if args.doc is not None else ("" if settings.quick else "docs/results.md")
-    if doc:
-        os.makedirs(os.path.dirname(doc) or ".", exist_ok=True)
-        write_atomic(doc, text)
-        write_atomic(os.path.splitext(doc)[0] + ".json", body)
+    text = write_report()
     print(text)
     print(
         f"written: {settings.out}/results.md, results.json{', ' + doc if doc else ''} "

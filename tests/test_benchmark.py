@@ -71,7 +71,12 @@ def _check_train(result, models):
         assert _positive(r["memory_bytes"]["total"], r["memory_bytes"]["temp"])
         # Backward = 2x forward, less where an operand needs no gradient (FINAL's memory).
         assert 0.9 < r["jaxpr_over_analytic"] <= 1.0
-        assert 1.0 < r["xla_over_analytic"] < 1.5  # XLA also counts softmax, norms, Adam
+        if name.startswith("rnnsearch"):
+            # XLA's cost analysis counts a while loop's body once, not once per time step: the
+            # GRU recurrences (lax.scan over the sentence) are undercounted.
+            assert 0.0 < r["xla_over_analytic"] < 1.5
+        else:
+            assert 1.0 < r["xla_over_analytic"] < 1.5  # XLA also counts softmax, norms, Adam
     assert runs["transformer"]["tokens_per_s_ratio"] == 1.0
 
 

@@ -254,7 +254,7 @@ class Settings:
     #: (Delta_BLEU, single-sentence BLEU); empty: every test chapter
     context_books: tuple[str, ...] = ("Ruth.", "Gal.", "Jas.")
     batch_tokens: int = 4096
-    synthetic_steps: int = 1500
+    synthetic_steps: int = 1200
     synthetic_train_docs: int = 2000
     synthetic_test_docs: int = 500
     model: tuple[tuple[str, Any], ...] = ()
