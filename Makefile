@@ -42,8 +42,12 @@ demo: data
 results: data
 	$(BIN)/python launch/results.py $(ARGS)
 
-results-quick: data
-	$(BIN)/python launch/results.py --quick $(ARGS)
+# Without the SWORD modules (no root) the quick run uses the synthetic corpus, and says so.
+results-quick: venv
+	SWORD_OPTIONAL=1 bash launch/install_sword.sh
+	test -s $(DATA)/test.tsv || $(BIN)/python launch/prepare_data.py --corpus bible --out $(DATA) \
+	  || echo "WARNING: the Bible could not be prepared; results-quick uses the synthetic corpus"
+	$(BIN)/python launch/results.py --quick --data_dir $(DATA) $(ARGS)
 
 # Two pytest workers (pytest-xdist), one test file each at a time: most of a test's time is
 # XLA compilation, which uses one core. TEST_WORKERS=0 runs in one process.

@@ -819,6 +819,7 @@ class Plan:
     epoch_tokens: int
     test: list[Document]
     synthetic_dir: str
+    corpus: str = "Bible"  # or "synthetic": the quick run's stand-in without the Bible
 
 
 def stage_inputs(stage: str, row: Row, settings: Settings, steps: int) -> dict[str, Any]:
