@@ -57,7 +57,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--beam", type=int)
     p.add_argument("--draws", type=int, help="random-context draws for Delta_BLEU")
     p.add_argument("--synthetic_steps", type=int)
-    p.add_argument("--stages", default=",".join(R.STAGES), help="stages to run")
+    p.add_argument(
+        "--stages",
+        default=",".join(R.STAGES),
+        help="stages to run ('': only write the report of what is saved)",
+    )
     p.add_argument(
         "--jobs", type=int, default=0, help="processes sharing the rows (default 1; --quick 2)"
     )
@@ -388,7 +392,14 @@ def main(argv: list[str] | None = None) -> int:
         with open(log_path, "a", encoding="utf-8") as f:
             f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
 
-    budget = compute_budget(row_list, settings, plan, say)
+    planned = row_list
+    if not stages:  # a report of what is saved: rows never trained need no budget
+        planned = [
+            r
+            for r in row_list
+            if os.path.exists(os.path.join(settings.row_dir(r.name), "train.json"))
+        ]
+    budget = compute_budget(planned, settings, plan, say)
     if args.worker is not None:  # one of --jobs processes: its share of the rows, no report
         mine = [r for i, r in enumerate(row_list) if i % jobs == args.worker]
         return 1 if run_rows(mine, settings, plan, budget, stages, say, lambda n: None) else 0
@@ -422,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         f"written: {settings.out}/results.md, results.json{', ' + doc if doc else ''} "
         f"({(time.monotonic() - start) / 60:.1f} min)"
     )
-    missing = [r.name for r in row_list if r.name not in budget]
+    missing = [r.name for r in planned if r.name not in budget]
     if failures or missing:
         print(
             f"results.py: failed: {', '.join(failures + [m + ' budget' for m in missing])}",
