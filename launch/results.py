@@ -165,7 +165,12 @@ def header(args: argparse.Namespace, settings: R.Settings, plan: R.Plan) -> str:
         else ("budgeted comparison" if device.platform == "cpu" else "comparison")
     )
     budget = settings.base_steps * plan.reference_tokens_per_step
-    command = "python launch/results.py " + " ".join(sys.argv[1:] if argv_is_cli() else [])
+    shown = [  # what makes the table; --stages/--jobs only say how this call works
+        a
+        for a in (sys.argv[1:] if argv_is_cli() else [])
+        if not a.startswith(("--stages", "--jobs", "--worker")) and a != ""
+    ]
+    command = "python launch/results.py " + " ".join(shown)
     return "\n".join(
         [
             f"# Results on the Bible (Es→En): {kind}",
@@ -204,9 +209,9 @@ def header(args: argparse.Namespace, settings: R.Settings, plan: R.Plan) -> str:
             "(clipped English pronoun matches per sentence) on every test chapter. "
             + context_scope(settings, plan)
             + f" BLEU with random context: {settings.draws} draw(s) of contexts from other "
-            "chapters (Jean & Cho 2019), Δ_BLEU = BLEU with the true context − that, on the same "
-            "chapters; single-sentence BLEU: every verse translated alone (Zheng et al. 2020, "
-            "Table 2). Ratios are to the "
+            "chapters (Jean & Cho 2019), Δ_BLEU = BLEU with the true context (s-BLEU, context "
+            "books) − that; single-sentence BLEU: every verse of the same chapters translated "
+            "alone (Zheng et al. 2020, Table 2). Ratios are to the "
             "sentence Transformer: real train tokens/s from each row's train.log (rows trained one "
             "after another, not interleaved), decode sentences/s over every translation of the "
             "row (compilation included). Synthetic acc.: labelled-word accuracy on the synthetic "
@@ -345,6 +350,58 @@ def run_rows(
     return failures
 
 
+def doc_path(args: argparse.Namespace, settings: R.Settings) -> str:
+    """Where the report goes besides ``OUT`` ('' for none)."""
+    return args.doc if args.doc is not None else ("" if settings.quick else "docs/results.md")
+
+
+def committed_rows(doc: str) -> set[str]:
+    """The rows with a train record in the committed report (``DOC`` with ``.json``)."""
+    import json
+
+    path = os.path.splitext(doc)[0] + ".json" if doc else ""
+    if not path or not os.path.exists(path):
+        return set()
+    with open(path, encoding="utf-8") as f:
+        return {
+            r["name"] for r in json.load(f).get("rows", []) if r.get("records", {}).get("train")
+        }
+
+
+def restore_records(doc: str, row_list: list[R.Row], settings: R.Settings, budget: dict) -> int:
+    """Copies the stage records of the committed report (``DOC`` with ``.json``) into ``OUT``
+    where ``OUT`` has none and the inputs match: a fresh checkout (a new machine) keeps the
+    rows measured before. Checkpoints are not in the report: a row that a row still to run
+    starts from (``init_from``) is trained again, and a larger ``--base_steps`` retrains
+    every row."""
+    import json
+
+    path = os.path.splitext(doc)[0] + ".json" if doc else ""
+    if not path or not os.path.exists(path):
+        return 0
+    with open(path, encoding="utf-8") as f:
+        saved = {r["name"]: r.get("records", {}) for r in json.load(f).get("rows", [])}
+    # A row another row still has to start from needs its checkpoints: its training is not
+    # restored (it trains again; its measured records, which match, are kept).
+    bases = {r.init_from for r in row_list if r.init_from and "params" not in saved.get(r.name, {})}
+    count = 0
+    for row in row_list:
+        if row.name not in budget:
+            continue
+        retrain = row.name in bases and not os.path.isdir(
+            os.path.join(settings.row_dir(row.name), "checkpoints")
+        )
+        for stage, record in saved.get(row.name, {}).items():
+            if stage == "train" and retrain:
+                continue
+            target = os.path.join(settings.row_dir(row.name), f"{stage}.json")
+            inputs = R.stage_inputs(stage, row, settings, budget[row.name][0])
+            if not os.path.exists(target) and record.get("inputs") == inputs:
+                R.write_record(target, record)
+                count += 1
+    return count
+
+
 def compute_budget(row_list: list[R.Row], settings: R.Settings, plan: R.Plan, say) -> dict:
     """Each row's (steps, real target tokens per step), cached in ``OUT/budget.json``."""
     import json
@@ -394,17 +451,22 @@ def main(argv: list[str] | None = None) -> int:
 
     planned = row_list
     if not stages:  # a report of what is saved: rows never trained need no budget
+        committed = committed_rows(doc_path(args, settings))
         planned = [
             r
             for r in row_list
-            if os.path.exists(os.path.join(settings.row_dir(r.name), "train.json"))
+            if r.name in committed
+            or os.path.exists(os.path.join(settings.row_dir(r.name), "train.json"))
         ]
     budget = compute_budget(planned, settings, plan, say)
+    restored = restore_records(doc_path(args, settings), row_list, settings, budget)
+    if restored:
+        say(f"restored {restored} stage records from {doc_path(args, settings)}")
     if args.worker is not None:  # one of --jobs processes: its share of the rows, no report
         mine = [r for i, r in enumerate(row_list) if i % jobs == args.worker]
         return 1 if run_rows(mine, settings, plan, budget, stages, say, lambda n: None) else 0
 
-    doc = args.doc if args.doc is not None else ("" if settings.quick else "docs/results.md")
+    doc = doc_path(args, settings)
 
     def write_report() -> str:
         """The report of every record saved so far (after each row and at the end)."""
