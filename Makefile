@@ -31,7 +31,7 @@ data: venv sword
 	$(BIN)/python launch/prepare_data.py --corpus bible --out $(DATA)
 
 # The main job: the synthetic context proof (sentence Transformer against FINAL), then FINAL
-# trained on the Bible for DEMO_MINUTES, the test books translated (beam 5) with true and
+# trained on the Bible for DEMO_MINUTES, three test books translated (beam 5) with true and
 # random context and scored; every step's command is printed. ARGS: more launch/demo.py flags.
 DEMO_MINUTES ?= 12
 demo: data
