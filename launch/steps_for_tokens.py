@@ -14,14 +14,13 @@ import sys
 
 from docnmt_jax import cli
 from docnmt_jax.config_files import load_config
-from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.tokenizer import load_tokenizer
-from docnmt_jax.models import build_model
-from docnmt_jax.training import trainer
+from docnmt_jax.evaluation import results
 
 
 def tokens_per_step(config_path: str, sets: list[str], tokenizer_path: str) -> float:
-    """Mean real target tokens of one training step of ``config_path`` (with ``sets``)."""
+    """Mean real target tokens of one training step of ``config_path`` (with ``sets``): the
+    results table's own budget measure (:func:`results.tokens_per_step`)."""
     config = load_config(config_path)
     for item in sets:
         key, _, value = item.partition("=")
@@ -29,22 +28,7 @@ def tokens_per_step(config_path: str, sets: list[str], tokenizer_path: str) -> f
         config[section][name] = type(config[section][name])(
             value == "True" if isinstance(config[section][name], bool) else value
         )
-    tokenizer = load_tokenizer(tokenizer_path)
-    model = build_model(config.model, tokenizer.vocab_size)
-    packing = model.packing() if config.data.get("packed", True) else None
-    cfg = trainer.pipeline_config(
-        config.data,
-        0,
-        True,
-        model.layout.sentence_level,
-        packing=packing,
-        context_sentences=model.context_sentences,
-        whole_documents=model.whole_documents,
-    )
-    docs = trainer.load_documents(config.data, "train")
-    plan = pipeline_lib.plan_batches(docs, tokenizer.encode_batch, cfg)
-    epoch = plan.stats  # one epoch: every training target token, its batches
-    return epoch.tgt_tokens / max(epoch.batches_per_epoch, 1)
+    return results.tokens_per_step(config, load_tokenizer(tokenizer_path))[0]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -109,6 +109,63 @@ def test_tokens_per_step_counts_the_plans_real_target_tokens(synthetic_dir, tmp_
     assert per_step == pytest.approx(real / len(batches))
 
 
+def test_steps_for_tokens_cli_uses_the_budget_measure(synthetic_dir, tmp_path, capsys):
+    """``launch/steps_for_tokens.py`` (the shell recipes' budget) gives a model the steps whose
+    real target tokens match the reference's (smaller batches: more steps)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "steps_for_tokens", os.path.join(ROOT, "launch", "steps_for_tokens.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    docs = trainer.load_documents(
+        __import__("ml_collections").ConfigDict({"data_dir": synthetic_dir}), "train"
+    )
+    tokenizer = get_or_train_tokenizer(str(tmp_path / "spm.model"), docs, vocab_size=320)
+    config = tmp_path / "reference.py"  # the Transformer on the synthetic corpus
+    config.write_text(
+        "from docnmt_jax.config_files import load_config\n"
+        "def get_config():\n"
+        f"    config = load_config({os.path.join(ROOT, 'configs/transformer.py')!r})\n"
+        f"    config.data.data_dir = {synthetic_dir!r}\n"
+        "    return config\n"
+    )
+    half = ["data.batch_src_tokens=512", "data.batch_tgt_tokens=512"]
+    argv = ["--config", str(config), "--reference", str(config), "--reference_steps", "40"]
+    argv += ["--tokenizer", tokenizer.model_path]
+    for item in half:
+        argv += ["--set", item]
+    module.main(argv)
+    steps = int(capsys.readouterr().out.strip())
+
+    def per_step(sets):  # reference: one epoch of the plan, batch by batch, target mask summed
+        cfg = R.load_config(str(config))
+        for item in sets:
+            key, _, value = item.partition("=")
+            section, _, name = key.partition(".")
+            cfg[section][name] = int(value)
+        model = build_model(cfg.model, tokenizer.vocab_size)
+        pcfg = trainer.pipeline_config(
+            cfg.data,
+            cfg.train.seed,
+            True,
+            model.layout.sentence_level,
+            packing=model.packing(),
+            context_sentences=model.context_sentences,
+            whole_documents=model.whole_documents,
+        )
+        plan = pipeline_lib.plan_batches(
+            docs, tokenizer.encode_batch, dataclasses.replace(pcfg, num_epochs=1)
+        )
+        batches = list(pipeline_lib.numpy_batches(plan))
+        return sum(int(np.sum(b["tgt_mask"])) for b in batches) / len(batches)
+
+    reference, smaller = per_step([]), per_step(half)
+    assert steps > 40  # smaller batches: more steps for the same tokens
+    assert steps == round(40 * reference / smaller)
+
+
 def _record(s_bleu, d_bleu, delta=None, params=1000, tok_s=100.0, sent_s=10.0):
     scores = {
         "s_bleu": {"score": s_bleu, "signature": "BLEU|sig"},
