@@ -464,7 +464,11 @@ def main(argv: list[str] | None = None) -> int:
         say(f"restored {restored} stage records from {doc_path(args, settings)}")
     if args.worker is not None:  # one of --jobs processes: its share of the rows, no report
         mine = [r for i, r in enumerate(row_list) if i % jobs == args.worker]
-        return 1 if run_rows(mine, settings, plan, budget, stages, say, lambda n: None) else 0
+        try:
+            return 1 if run_rows(mine, settings, plan, budget, stages, say, lambda n: None) else 0
+        except KeyboardInterrupt as stop:
+            say(f"{stop or 'interrupted'}; run the same command again to resume")
+            return 130
 
     doc = doc_path(args, settings)
 
@@ -487,7 +491,15 @@ def main(argv: list[str] | None = None) -> int:
     if jobs > 1:
         failures = run_workers(args, jobs, settings, row_list, bar)
     else:
-        failures = run_rows(row_list, settings, plan, budget, stages, say, bar.update, write_report)
+        try:
+            failures = run_rows(
+                row_list, settings, plan, budget, stages, say, bar.update, write_report
+            )
+        except KeyboardInterrupt as stop:  # SIGTERM/SIGINT: checkpoint saved, no record
+            bar.close()
+            write_report()
+            say(f"{stop or 'interrupted'}; run the same command again to resume")
+            return 130
     bar.close()
     text = write_report()
     print(text)

@@ -77,6 +77,42 @@ def test_train_speed_adds_windows_not_rates(tmp_path):
     assert speed["train_seconds"] == pytest.approx(5.0)
     assert speed["train_tokens_per_s"] == pytest.approx(800.0)
     assert R.train_speed(str(tmp_path / "missing.log"))["train_tokens_per_s"] == 0.0
+    # A run that lost its checkpoints starts again at step 0: the old windows go; one that
+    # resumes at step 100 keeps the windows up to it.
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(
+            "2026-01-01 01:00:00 model x: 10 parameters; starting at step 100\n"
+            "2026-01-01 01:00:01 step=150 train/loss=2 train/tokens=600 train/tokens_per_s=300\n"
+        )
+    assert R.train_speed(str(log))["train_tokens"] == 4600
+    assert R.train_speed(str(log))["train_seconds"] == pytest.approx(7.0)
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(
+            "2026-01-01 02:00:00 model x: 10 parameters; starting at step 0\n"
+            "2026-01-01 02:00:01 step=50 train/loss=3 train/tokens=900 train/tokens_per_s=900\n"
+        )
+    assert R.train_speed(str(log))["train_tokens"] == 900
+    assert R.train_speed(str(log))["train_seconds"] == pytest.approx(1.0)
+
+
+def test_a_training_stopped_by_a_signal_leaves_no_record(tmp_path, monkeypatch):
+    """SIGTERM mid-training: the checkpoint is the trainer's; the row gets no train record
+    (which would mark it done at the step it stopped) and the run stops."""
+    calls = []
+
+    def fake_train(config, workdir):
+        calls.append(config.train.num_steps)
+        return trainer.TrainResult(step=72, dev_metrics={}, losses=[], stopped_by="sigterm")
+
+    monkeypatch.setattr(trainer, "train_and_evaluate", fake_train)
+    row = next(r for r in R.rows() if r.name == "doc2doc")
+    settings = R.quick_settings(str(tmp_path), "data/bible")
+    path = os.path.join(settings.row_dir(row.name), "train.json")
+    with pytest.raises(KeyboardInterrupt, match="stopped at step 72"):
+        R.run_stage(
+            "train", row, settings, lambda: R.train_row(row, settings, 600, "spm.model"), {}
+        )
+    assert calls == [600] and not os.path.exists(path)
 
 
 def test_tokens_per_step_counts_the_plans_real_target_tokens(synthetic_dir, tmp_path):

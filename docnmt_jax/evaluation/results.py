@@ -398,18 +398,24 @@ def write_record(path: str, record: dict[str, Any]) -> None:
 
 def train_speed(log_path: str) -> dict[str, float]:
     """Real target tokens, seconds and tokens/s over every logged training window of
-    ``train.log`` (a window's seconds = its tokens / its tokens/s)."""
-    tokens = seconds = 0.0
-    pattern = re.compile(r"train/tokens=([\d.e+-]+) train/tokens_per_s=([\d.e+-]+)")
+    ``train.log`` (a window's seconds = its tokens / its tokens/s). A run that starts again at
+    step N (``starting at step N``: resumed, or from scratch where no checkpoint was left)
+    drops the earlier runs' windows past N: their steps were trained again."""
+    windows: list[tuple[int, float, float]] = []  # (last step, tokens, seconds)
+    window = re.compile(r"step=(\d+) .*train/tokens=([\d.e+-]+) train/tokens_per_s=([\d.e+-]+)")
+    start = re.compile(r"starting at step (\d+)")
     try:
         with open(log_path, encoding="utf-8") as f:
             for line in f:
-                match = pattern.search(line)
-                if match and float(match.group(2)) > 0:
-                    tokens += float(match.group(1))
-                    seconds += float(match.group(1)) / float(match.group(2))
+                if match := start.search(line):
+                    windows = [w for w in windows if w[0] <= int(match.group(1))]
+                elif (match := window.search(line)) and float(match.group(3)) > 0:
+                    tokens = float(match.group(2))
+                    windows.append((int(match.group(1)), tokens, tokens / float(match.group(3))))
     except OSError:
         pass
+    tokens = sum(w[1] for w in windows)
+    seconds = sum(w[2] for w in windows)
     return {
         "train_tokens": tokens,
         "train_seconds": seconds,
@@ -421,13 +427,18 @@ def train_speed(log_path: str) -> dict[str, float]:
 
 
 def train_row(row: Row, settings: Settings, steps: int, tokenizer_path: str) -> dict[str, Any]:
-    """Trains ``row`` for ``steps`` (resuming its checkpoints) and returns the train record."""
+    """Trains ``row`` for ``steps`` (resuming its checkpoints) and returns the train record.
+    A training stopped before ``steps`` (SIGTERM/SIGINT: its checkpoint saved) raises
+    ``KeyboardInterrupt``: no record is written, the whole run stops, and the same command
+    resumes the row from its checkpoint."""
     from docnmt_jax.training import trainer
 
     workdir = settings.row_dir(row.name)
     config = row_config(row, settings, steps, tokenizer_path)
     start = time.monotonic()
     result = trainer.train_and_evaluate(config, workdir)
+    if result.step < steps:  # stopped by a signal: checkpoint saved, no record (resumes)
+        raise KeyboardInterrupt(f"{row.name}: training stopped at step {result.step}")
     record = {
         "steps": result.step,
         "stopped_by": result.stopped_by,
