@@ -254,7 +254,7 @@ def test_report_ratios_spread_and_goals(tmp_path):
     # Transformer s-BLEU 10, 11, 12: mean 11, sample sd 1.
     mean, sd = R.seed_spread(numbers, "transformer", "s_bleu")
     assert (mean, sd) == (pytest.approx(11.0), pytest.approx(1.0))
-    assert "transformer: s-BLEU 11.00 ± 1.00" in text
+    assert "transformer (3 seeds): s-BLEU 11.00 ± 1.00" in text
     # FINAL - Transformer: +2.00 s-BLEU (the goal holds at exactly 2), +2.00 d-BLEU (missed by 0.5).
     assert "+2.00 — holds" in text
     assert "missed by 0.50" in text
@@ -265,3 +265,8 @@ def test_report_ratios_spread_and_goals(tmp_path):
     assert "Rows not yet complete: final_finetuned." in text
     assert "BLEU|sig" in text and "chrF|sig" in text
     assert math.isclose(numbers["jean_cho"]["random_bleu"], 8.7)
+    # One seed each: no spread (not a spread of 0), so no difference is said to exceed it.
+    one_seed = {k: v for k, v in records.items() if "_seed" not in k}
+    text, _ = R.report(rows, one_seed, settings, "# header")
+    assert "transformer (1 seed): s-BLEU 10.00 ± –" in text
+    assert "larger seed spread: not known until" in text

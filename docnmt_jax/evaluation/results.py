@@ -632,17 +632,24 @@ def row_numbers(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def spread(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value)."""
+    """Mean and sample standard deviation (NaN for fewer than two values: a spread that is
+    not measured is not zero)."""
     values = [v for v in values if v is not None]
     if not values:
         return float("nan"), float("nan")
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    sd = statistics.stdev(values) if len(values) > 1 else float("nan")
     return statistics.fmean(values), sd
 
 
 def seed_spread(numbers: dict[str, dict[str, Any]], base: str, key: str) -> tuple[float, float]:
     names = [n for n in numbers if n == base or n.startswith(base + "_seed")]
     return spread([numbers[n][key] for n in names])
+
+
+def seed_count(numbers: dict[str, dict[str, Any]], base: str) -> int:
+    """How many seeds of ``base`` have an s-BLEU."""
+    names = [n for n in numbers if n == base or n.startswith(base + "_seed")]
+    return sum(numbers[n].get("s_bleu") is not None for n in names)
 
 
 def goals(numbers: dict[str, dict[str, Any]], row_list: Sequence[Row]) -> list[str]:
@@ -763,12 +770,19 @@ def report(
         for key, title in (("s_bleu", "s-BLEU"), ("d_bleu", "d-BLEU"), ("chrf", "chrF")):
             mean, sd = seed_spread(numbers, base, key)
             cells.append(f"{title} {_fmt(mean)} ± {_fmt(sd)}")
-        lines.append(f"- {base}: " + ", ".join(cells))
+        seeds = seed_count(numbers, base)
+        lines.append(f"- {base} ({seeds} seed{'s' if seeds != 1 else ''}): " + ", ".join(cells))
+    measured = all(seed_count(numbers, base) > 1 for base in SEEDED)
     for key, title in (("s_bleu", "s-BLEU"), ("d_bleu", "d-BLEU")):
         beyond = exceeds_spread(numbers, key)
         lines.append(
             f"- {title} differences from the Transformer's seed mean larger than twice the "
-            f"larger seed spread: {', '.join(beyond) if beyond else 'none'}"
+            "larger seed spread: "
+            + (
+                (", ".join(beyond) if beyond else "none")
+                if measured
+                else "not known until the Transformer and FINAL each have two seeds or more"
+            )
         )
     lines += ["", "**Quality goals** (issue 21, item 4):"] + (
         goals(numbers, row_list) or ["- not measured yet"]
