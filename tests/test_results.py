@@ -115,6 +115,52 @@ def test_a_training_stopped_by_a_signal_leaves_no_record(tmp_path, monkeypatch):
     assert calls == [600] and not os.path.exists(path)
 
 
+def _launch(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "launch", name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_restore_keeps_what_a_new_machine_can_use(tmp_path):
+    """A committed report seeds a new machine's run: records with matching inputs come back,
+    except the training of a row that still needs its (uncommitted) checkpoints: the base of a
+    finetune row still to run, and a row whose measure stage is still to run."""
+    import json
+
+    launch = _launch("results")
+    settings = R.quick_settings(str(tmp_path / "out"), "d")
+    row_list = R.select_rows("transformer,final,doc2doc,final_finetuned", (0,))
+    budget = {r.name: (10, 100.0) for r in row_list}
+
+    def rec(row, stage, steps=10):
+        return {"value": stage, "inputs": R.stage_inputs(stage, row, settings, steps)}
+
+    by = {r.name: r for r in row_list}
+    saved = {
+        "transformer": {s: rec(by["transformer"], s) for s in ("train", "measure", "params")},
+        "final": {s: rec(by["final"], s) for s in ("train", "measure", "params")},
+        "doc2doc": {"train": rec(by["doc2doc"], "train")},  # measure still to run
+    }
+    saved["final"]["measure"] = rec(by["final"], "measure", steps=99)  # other inputs
+    doc = tmp_path / "results.md"
+    (tmp_path / "results.json").write_text(
+        json.dumps({"rows": [{"name": n, "records": r} for n, r in saved.items()]})
+    )
+    count = launch.restore_records(str(doc), row_list, settings, budget)
+
+    def there(row, stage):
+        return os.path.exists(os.path.join(settings.row_dir(row), f"{stage}.json"))
+
+    # final_finetuned (no params record) still needs the Transformer's checkpoints.
+    assert not there("transformer", "train") and there("transformer", "measure")
+    assert there("final", "train") and not there("final", "measure")  # inputs differ
+    assert there("final", "params") and not there("doc2doc", "train")
+    assert count == 4
+
+
 def test_tokens_per_step_counts_the_plans_real_target_tokens(synthetic_dir, tmp_path):
     row = next(r for r in R.rows() if r.name == "final")
     settings = R.quick_settings(str(tmp_path), synthetic_dir)
@@ -148,13 +194,7 @@ def test_tokens_per_step_counts_the_plans_real_target_tokens(synthetic_dir, tmp_
 def test_steps_for_tokens_cli_uses_the_budget_measure(synthetic_dir, tmp_path, capsys):
     """``launch/steps_for_tokens.py`` (the shell recipes' budget) gives a model the steps whose
     real target tokens match the reference's (smaller batches: more steps)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "steps_for_tokens", os.path.join(ROOT, "launch", "steps_for_tokens.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _launch("steps_for_tokens")
     docs = trainer.load_documents(
         __import__("ml_collections").ConfigDict({"data_dir": synthetic_dir}), "train"
     )
