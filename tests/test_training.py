@@ -189,6 +189,17 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(synthetic_dir, tmp_path):
     assert "(sigterm)" in log.read_text()
 
 
+def test_time_budget_stops_saves_and_shows_the_minutes_left(synthetic_dir, tmp_path, capfd):
+    config = tiny_config(synthetic_dir, num_steps=1_000_000, time_budget_minutes=0.05)
+    result = trainer.train_and_evaluate(config, str(tmp_path / "run"))
+    assert result.stopped_by == "time_budget" and 5 <= result.step < 1_000_000
+    assert str(result.step) in os.listdir(tmp_path / "run" / "checkpoints")
+    err = capfd.readouterr().err
+    # The bar counts steps against the budget, not against num_steps (no 1,000,000-step ETA).
+    assert "train (0.05 min budget)" in err and "left=" in err
+    assert "/1000000" not in err
+
+
 def test_tiny_config_trains_200_steps_and_loss_falls(synthetic_dir, tmp_path):
     # lr_scale 2.0 (peak lr 0.045) made the loss climb again after step ~120 on this machine
     # (dev loss 1.71 at step 100, 2.12 at 200, identical before and after the model-interface

@@ -786,7 +786,14 @@ def train_and_evaluate(
     window_steps, window_start = 0, time.monotonic()
     dev: dict[str, float] = {}
     stopped_by = "num_steps"
-    bar = tqdm(total=tcfg.num_steps, initial=start, desc="train", disable=jax.process_index() != 0)
+    # A time budget is the usual bound when set: no step total (its ETA would be the steps'),
+    # the minutes left in the postfix instead.
+    bar = tqdm(
+        total=None if deadline else tcfg.num_steps,
+        initial=start,
+        desc=f"train ({tcfg.time_budget_minutes:g} min budget)" if deadline else "train",
+        disable=jax.process_index() != 0,
+    )
     # SIGTERM/SIGINT: stop after the current step and save; a second one exits at once.
     with stop_signals() as flag:
         try:
@@ -815,6 +822,11 @@ def train_and_evaluate(
                         loss=f"{values.get('loss', float('nan')):.3f}",
                         lr=f"{values['lr']:.2e}",
                         tok_s=f"{values.get('tokens_per_s', 0.0):.0f}",
+                        **(
+                            {"left": f"{max(deadline - time.monotonic(), 0) / 60:.1f}m"}
+                            if deadline
+                            else {}
+                        ),
                     )
                     window, window_steps = {}, 0
                     window_start = time.monotonic()
