@@ -372,8 +372,8 @@ def restore_records(doc: str, row_list: list[R.Row], settings: R.Settings, budge
     """Copies the stage records of the committed report (``DOC`` with ``.json``) into ``OUT``
     where ``OUT`` has none and the inputs match: a fresh checkout (a new machine) keeps the
     rows measured before. Checkpoints are not in the report: a row that a row still to run
-    starts from (``init_from``), or whose measure stage is still to run, is trained again, and
-    a larger ``--base_steps`` retrains every row."""
+    starts from (``init_from``), or whose measure or params stage is still to run, is trained
+    again, and a larger ``--base_steps`` retrains every row."""
     import json
 
     path = os.path.splitext(doc)[0] + ".json" if doc else ""
@@ -388,9 +388,9 @@ def restore_records(doc: str, row_list: list[R.Row], settings: R.Settings, budge
     for row in row_list:
         if row.name not in budget:
             continue
-        # A row measured only in part (its session ended between stages) has its later
-        # stages still to run from checkpoints that were not committed: it trains again too.
-        unmeasured = "measure" not in saved.get(row.name, {})
+        # A row measured only in part (its session ended between stages) has stages still to
+        # run from checkpoints that were not committed (measure, params): it trains again too.
+        unmeasured = not {"measure", "params"} <= set(saved.get(row.name, {}))
         retrain = (row.name in bases or unmeasured) and not os.path.isdir(
             os.path.join(settings.row_dir(row.name), "checkpoints")
         )

@@ -95,7 +95,7 @@ def test_train_speed_adds_windows_not_rates(tmp_path):
     assert R.train_speed(str(log))["train_seconds"] == pytest.approx(1.0)
 
 
-def test_a_training_stopped_by_a_signal_leaves_no_record(tmp_path, monkeypatch):
+def test_a_training_stopped_by_a_signal_leaves_no_record(synthetic_dir, tmp_path, monkeypatch):
     """SIGTERM mid-training: the checkpoint is the trainer's; the row gets no train record
     (which would mark it done at the step it stopped) and the run stops."""
     calls = []
@@ -113,6 +113,12 @@ def test_a_training_stopped_by_a_signal_leaves_no_record(tmp_path, monkeypatch):
             "train", row, settings, lambda: R.train_row(row, settings, 600, "spm.model"), {}
         )
     assert calls == [600] and not os.path.exists(path)
+    # The synthetic stage's training likewise.
+    from docnmt_jax.evaluation import context_proof
+
+    monkeypatch.setattr(context_proof, "run", lambda *a, **k: {"step": 5, "accuracy": 0.3})
+    with pytest.raises(KeyboardInterrupt, match="synthetic training stopped at 5"):
+        R.synthetic_row(row, settings, synthetic_dir)
 
 
 def _launch(name):
@@ -127,7 +133,7 @@ def _launch(name):
 def test_restore_keeps_what_a_new_machine_can_use(tmp_path):
     """A committed report seeds a new machine's run: records with matching inputs come back,
     except the training of a row that still needs its (uncommitted) checkpoints: the base of a
-    finetune row still to run, and a row whose measure stage is still to run."""
+    finetune row still to run, and a row whose measure or params stage is still to run."""
     import json
 
     launch = _launch("results")
@@ -142,7 +148,8 @@ def test_restore_keeps_what_a_new_machine_can_use(tmp_path):
     saved = {
         "transformer": {s: rec(by["transformer"], s) for s in ("train", "measure", "params")},
         "final": {s: rec(by["final"], s) for s in ("train", "measure", "params")},
-        "doc2doc": {"train": rec(by["doc2doc"], "train")},  # measure still to run
+        # params still to run: it needs the checkpoints
+        "doc2doc": {s: rec(by["doc2doc"], s) for s in ("train", "measure")},
     }
     saved["final"]["measure"] = rec(by["final"], "measure", steps=99)  # other inputs
     doc = tmp_path / "results.md"
@@ -158,7 +165,7 @@ def test_restore_keeps_what_a_new_machine_can_use(tmp_path):
     assert not there("transformer", "train") and there("transformer", "measure")
     assert there("final", "train") and not there("final", "measure")  # inputs differ
     assert there("final", "params") and not there("doc2doc", "train")
-    assert count == 4
+    assert there("doc2doc", "measure") and count == 5
 
 
 def test_tokens_per_step_counts_the_plans_real_target_tokens(synthetic_dir, tmp_path):

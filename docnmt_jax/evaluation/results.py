@@ -575,6 +575,8 @@ def synthetic_row(row: Row, settings: Settings, data_dir: str) -> dict[str, Any]
     scores = context_proof.run(
         config, os.path.join(settings.out, "synthetic", row.name), forced_choice=not settings.quick
     )
+    if scores.get("step", settings.synthetic_steps) < settings.synthetic_steps:  # a signal
+        raise KeyboardInterrupt(f"{row.name}: synthetic training stopped at {scores['step']}")
     keep = ("accuracy", "correct", "total", "missing", "chance_level", "by_distance", "step")
     out = {k: scores[k] for k in keep if k in scores}
     out["forced_choice"] = scores["contrastive"]["accuracy"] if "contrastive" in scores else None
