@@ -168,16 +168,9 @@ def test_restore_keeps_what_a_new_machine_can_use(tmp_path):
     assert there("doc2doc", "measure") and count == 5
 
 
-def test_tokens_per_step_counts_the_plans_real_target_tokens(synthetic_dir, tmp_path):
-    row = next(r for r in R.rows() if r.name == "final")
-    settings = R.quick_settings(str(tmp_path), synthetic_dir)
-    docs = trainer.load_documents(
-        __import__("ml_collections").ConfigDict({"data_dir": synthetic_dir}), "train"
-    )
-    tokenizer = get_or_train_tokenizer(str(tmp_path / "spm.model"), docs, vocab_size=320)
-    config = R.row_config(row, settings, 1, tokenizer.model_path)
-    per_step, epoch = R.tokens_per_step(config, tokenizer)
-    # Reference: one epoch of the same plan, batch by batch, target mask summed.
+def _epoch_target_tokens(config, docs, tokenizer) -> tuple[int, int]:
+    """Reference: one epoch of ``config``'s training plan, batch by batch, target mask summed;
+    returns (real target tokens, batches)."""
     model = build_model(config.model, tokenizer.vocab_size)
     cfg = trainer.pipeline_config(
         config.data,
@@ -188,14 +181,27 @@ def test_tokens_per_step_counts_the_plans_real_target_tokens(synthetic_dir, tmp_
         context_sentences=model.context_sentences,
         whole_documents=model.whole_documents,
     )
-    cfg = dataclasses.replace(cfg, num_epochs=1)  # the training plan, one epoch of it
-    plan = pipeline_lib.plan_batches(docs, tokenizer.encode_batch, cfg)
+    plan = pipeline_lib.plan_batches(
+        docs, tokenizer.encode_batch, dataclasses.replace(cfg, num_epochs=1)
+    )
     batches = list(pipeline_lib.numpy_batches(plan))
-    real = sum(int(np.sum(b["tgt_mask"])) for b in batches)
+    return sum(int(np.sum(b["tgt_mask"])) for b in batches), len(batches)
+
+
+def test_tokens_per_step_counts_the_plans_real_target_tokens(synthetic_dir, tmp_path):
+    row = next(r for r in R.rows() if r.name == "final")
+    settings = R.quick_settings(str(tmp_path), synthetic_dir)
+    docs = trainer.load_documents(
+        __import__("ml_collections").ConfigDict({"data_dir": synthetic_dir}), "train"
+    )
+    tokenizer = get_or_train_tokenizer(str(tmp_path / "spm.model"), docs, vocab_size=320)
+    config = R.row_config(row, settings, 1, tokenizer.model_path)
+    per_step, epoch = R.tokens_per_step(config, tokenizer)
+    real, batches = _epoch_target_tokens(config, docs, tokenizer)
     # Every target token of the corpus, each sentence with its EOS.
     by_hand = sum(len(ids) + 1 for d in docs for ids in tokenizer.encode_batch(list(d.tgt)))
     assert epoch == real == by_hand
-    assert per_step == pytest.approx(real / len(batches))
+    assert per_step == pytest.approx(real / batches)
 
 
 def test_steps_for_tokens_cli_uses_the_budget_measure(synthetic_dir, tmp_path, capsys):
@@ -222,27 +228,14 @@ def test_steps_for_tokens_cli_uses_the_budget_measure(synthetic_dir, tmp_path, c
     module.main(argv)
     steps = int(capsys.readouterr().out.strip())
 
-    def per_step(sets):  # reference: one epoch of the plan, batch by batch, target mask summed
+    def per_step(sets):
         cfg = R.load_config(str(config))
         for item in sets:
             key, _, value = item.partition("=")
             section, _, name = key.partition(".")
             cfg[section][name] = int(value)
-        model = build_model(cfg.model, tokenizer.vocab_size)
-        pcfg = trainer.pipeline_config(
-            cfg.data,
-            cfg.train.seed,
-            True,
-            model.layout.sentence_level,
-            packing=model.packing(),
-            context_sentences=model.context_sentences,
-            whole_documents=model.whole_documents,
-        )
-        plan = pipeline_lib.plan_batches(
-            docs, tokenizer.encode_batch, dataclasses.replace(pcfg, num_epochs=1)
-        )
-        batches = list(pipeline_lib.numpy_batches(plan))
-        return sum(int(np.sum(b["tgt_mask"])) for b in batches) / len(batches)
+        real, batches = _epoch_target_tokens(cfg, docs, tokenizer)
+        return real / batches
 
     reference, smaller = per_step([]), per_step(half)
     assert steps > 40  # smaller batches: more steps for the same tokens
