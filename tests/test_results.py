@@ -302,6 +302,14 @@ def test_report_ratios_spread_and_goals(tmp_path):
     assert "(jean_cho_margin against jean_cho): -0.10 against +0.30 — does not hold" in text
     # Beyond twice the larger seed sd (2 x 1.0): FINAL's +2.00 is not; jean_cho's -2.00 is not.
     assert "larger seed spread: none" in text
+    # FINAL by its seed mean: 12.5, 14.5, 15 -> mean 14, sd sqrt(1.75) = 1.32, width 2.65;
+    # +3.00 exceeds it although seed 0 alone (+1.50) does not.
+    seeded = dict(records)
+    for name, value in (("final", 12.5), ("final_seed1", 14.5), ("final_seed2", 15.0)):
+        seeded[name] = _record(value, 15.0, delta=0.5, params=1300, tok_s=100.0, sent_s=5.0)
+    seeded_text, _ = R.report(rows, seeded, settings, "# header")
+    assert "s-BLEU differences" in seeded_text
+    assert "larger seed spread: final (+3.00, seed mean)" in seeded_text
     assert "Rows not yet complete: final_finetuned." in text
     assert "BLEU|sig" in text and "chrF|sig" in text
     assert math.isclose(numbers["jean_cho"]["random_bleu"], 8.7)

@@ -90,6 +90,36 @@ def test_streamed_blocks_equal_one_pass(trained_run, synthetic_dir):
     assert 1 <= translator.stats.compilations <= len(config.t_buckets) * row_counts
 
 
+def test_progress_bar_counts_every_sentence_once(trained_run, synthetic_dir, monkeypatch):
+    """The bar's total is the sentences given; each batch adds its real sentences (padding
+    rows none), so it ends at the total after several batches; the output is unchanged."""
+    docs = readers.read_tsv(os.path.join(synthetic_dir, "dev.tsv"))[:5]
+    search = SearchConfig(beam_size=2)
+    translator, _ = restore.load_translator(trained_run, "latest", search, batch_tokens=64)
+    bars = []
+
+    class Recorder:
+        def __init__(self, total, unit, desc, disable):
+            self.total, self.desc, self.disable, self.updates = total, desc, disable, []
+            bars.append(self)
+
+        def update(self, n):
+            self.updates.append(n)
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(translator_lib, "tqdm", Recorder)
+    shown = translator.translate(docs, progress="test")
+    hidden = translator.translate(docs)
+    assert shown == hidden
+    by_hand = sum(len(d.src) for d in docs)
+    (bar, quiet) = bars
+    assert (bar.desc, bar.disable, bar.total, bar.closed) == ("test", False, by_hand, True)
+    assert quiet.disable and sum(quiet.updates) == by_hand
+    assert len(bar.updates) == translator.stats.batches // 2 > 1 and sum(bar.updates) == by_hand
+
+
 def test_trim_padding_rows_known_answers():
     def batch(doc_index):
         rows = len(doc_index)

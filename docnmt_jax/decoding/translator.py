@@ -40,6 +40,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from tqdm.auto import tqdm
 
 from docnmt_jax import parallel
 from docnmt_jax.data import pipeline as pipeline_lib
@@ -205,9 +206,18 @@ class Translator:
         self._search = compile_translate(model, search, mesh)
         self._grown_searches: dict[int, TranslateFn] = {}
 
-    def translate(self, documents: Sequence[Document]) -> list[list[str]]:
-        """The translation of every sentence of ``documents``, document by document."""
+    def translate(
+        self, documents: Sequence[Document], progress: str | None = None
+    ) -> list[list[str]]:
+        """The translation of every sentence of ``documents``, document by document; with
+        ``progress`` (its description) a bar counts the sentences translated."""
         start = time.perf_counter()
+        bar = tqdm(
+            total=sum(len(d) for d in documents),
+            unit="sent",
+            desc=progress,
+            disable=progress is None,
+        )
         out: list[list[str | None]] = [[None] * len(doc) for doc in documents]
         # Only the source matters; references (if any) are not looked at.
         sources = [Document(d.doc_id, d.src, ("",) * len(d)) for d in documents]
@@ -229,6 +239,8 @@ class Translator:
                 ) + mismatches
             self.stats.output_capped += count_capped(batch, ids, aux, search)
             self.stats.batches += 1
+            real = batch["doc_index"] >= 0
+            bar.update(int(np.sum(batch["sentence_mask"][real] > 0)))
             for row, doc in enumerate(batch["doc_index"]):
                 if doc < 0:
                     continue
@@ -244,6 +256,7 @@ class Translator:
             for k, h in enumerate(hyps)
             if h is None
         ]
+        bar.close()
         if missing:
             raise RuntimeError(f"sentences without a translation (a pipeline bug): {missing[:5]}")
         self.stats.documents += len(documents)

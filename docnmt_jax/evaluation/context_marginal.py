@@ -402,7 +402,7 @@ def model_context_usage(
     def translate(docs: Sequence[Document]) -> list[list[str]]:
         if true_hypotheses is not None and docs is documents:
             return true_hypotheses
-        return translator.translate(docs)
+        return translator.translate(docs, progress="translate" if progress else None)
 
     return context_usage(
         documents,

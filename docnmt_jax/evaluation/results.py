@@ -473,7 +473,7 @@ def measure_row(
     model = translator.model
     refs = [list(d.tgt) for d in documents]
     record: dict[str, Any] = {"step": step, "beam": settings.beam, "alpha": settings.alpha}
-    hyps = translator.translate(documents)
+    hyps = translator.translate(documents, progress="test books" if progress else None)
     record["scores"] = score_documents(hyps, refs)
     record["pronouns"] = pronoun_scores(
         [h for d in hyps for h in d], [s for d in documents for s in d.tgt], "en"
@@ -694,7 +694,8 @@ def goals(numbers: dict[str, dict[str, Any]], row_list: Sequence[Row]) -> list[s
 
 def exceeds_spread(numbers: dict[str, dict[str, Any]], key: str) -> list[str]:
     """Rows whose ``key`` differs from the Transformer's seed mean by more than twice the
-    larger of the two seed spreads (Transformer, FINAL)."""
+    larger of the two seed spreads (Transformer, FINAL); a row with seed rows of its own
+    (FINAL) is compared by its seed mean."""
     t_mean, t_sd = seed_spread(numbers, "transformer", key)
     _, f_sd = seed_spread(numbers, "final", key)
     width = 2 * max(t_sd, f_sd)
@@ -704,9 +705,11 @@ def exceeds_spread(numbers: dict[str, dict[str, Any]], key: str) -> list[str]:
     for name, n in numbers.items():
         if "_seed" in name or name == "transformer" or n.get(key) is None:
             continue
-        diff = n[key] - t_mean
+        seeded = seed_count(numbers, name) > 1
+        value = seed_spread(numbers, name, key)[0] if seeded else n[key]
+        diff = value - t_mean
         if abs(diff) > width:
-            out.append(f"{name} ({diff:+.2f})")
+            out.append(f"{name} ({diff:+.2f}{', seed mean' if seeded else ''})")
     return out
 
 
