@@ -706,8 +706,7 @@ def exceeds_spread(numbers: dict[str, dict[str, Any]], key: str) -> list[str]:
         if "_seed" in name or name == "transformer" or n.get(key) is None:
             continue
         seeded = seed_count(numbers, name) > 1
-        value = seed_spread(numbers, name, key)[0] if seeded else n[key]
-        diff = value - t_mean
+        diff = seed_spread(numbers, name, key)[0] - t_mean  # one seed: its own value
         if abs(diff) > width:
             out.append(f"{name} ({diff:+.2f}{', seed mean' if seeded else ''})")
     return out
