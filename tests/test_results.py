@@ -66,7 +66,8 @@ def test_select_rows_adds_what_a_row_starts_from():
 def test_train_speed_adds_windows_not_rates(tmp_path):
     log = tmp_path / "train.log"
     log.write_text(
-        "2026-01-01 00:00:00 data: something\n"
+        "2026-01-01 00:00:00 data: 9 train / 1 dev documents\n"
+        "2026-01-01 00:00:00 model x: 10 parameters; starting at step 0\n"
         "2026-01-01 00:00:01 step=50 train/loss=3 train/tokens=1000 train/tokens_per_s=500\n"
         "2026-01-01 00:00:02 step=100 train/loss=2 train/tokens=3000 train/tokens_per_s=1000\n"
         "2026-01-01 00:00:03 step=100 dev_loss=2\n"
@@ -76,23 +77,29 @@ def test_train_speed_adds_windows_not_rates(tmp_path):
     assert speed["train_tokens"] == 4000
     assert speed["train_seconds"] == pytest.approx(5.0)
     assert speed["train_tokens_per_s"] == pytest.approx(800.0)
+    assert speed["wall_seconds"] == pytest.approx(3.0)
     assert R.train_speed(str(tmp_path / "missing.log"))["train_tokens_per_s"] == 0.0
     # A run that lost its checkpoints starts again at step 0: the old windows go; one that
-    # resumes at step 100 keeps the windows up to it.
+    # resumes at step 100 keeps the windows up to it, and the wall time adds both runs (not
+    # the hour between them).
     with open(log, "a", encoding="utf-8") as f:
         f.write(
-            "2026-01-01 01:00:00 model x: 10 parameters; starting at step 100\n"
-            "2026-01-01 01:00:01 step=150 train/loss=2 train/tokens=600 train/tokens_per_s=300\n"
+            "2026-01-01 01:00:00 data: 9 train / 1 dev documents\n"
+            "2026-01-01 01:00:02 model x: 10 parameters; starting at step 100\n"
+            "2026-01-01 01:00:03 step=150 train/loss=2 train/tokens=600 train/tokens_per_s=300\n"
         )
     assert R.train_speed(str(log))["train_tokens"] == 4600
     assert R.train_speed(str(log))["train_seconds"] == pytest.approx(7.0)
+    assert R.train_speed(str(log))["wall_seconds"] == pytest.approx(6.0)
     with open(log, "a", encoding="utf-8") as f:
         f.write(
+            "2026-01-01 02:00:00 data: 9 train / 1 dev documents\n"
             "2026-01-01 02:00:00 model x: 10 parameters; starting at step 0\n"
             "2026-01-01 02:00:01 step=50 train/loss=3 train/tokens=900 train/tokens_per_s=900\n"
         )
     assert R.train_speed(str(log))["train_tokens"] == 900
     assert R.train_speed(str(log))["train_seconds"] == pytest.approx(1.0)
+    assert R.train_speed(str(log))["wall_seconds"] == pytest.approx(1.0)
 
 
 def test_a_training_stopped_by_a_signal_leaves_no_record(synthetic_dir, tmp_path, monkeypatch):

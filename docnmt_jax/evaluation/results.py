@@ -41,12 +41,12 @@ quality goals of issue 21 checked on the numbers.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import math
 import os
 import re
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -400,15 +400,28 @@ def train_speed(log_path: str) -> dict[str, float]:
     """Real target tokens, seconds and tokens/s over every logged training window of
     ``train.log`` (a window's seconds = its tokens / its tokens/s). A run that starts again at
     step N (``starting at step N``: resumed, or from scratch where no checkpoint was left)
-    drops the earlier runs' windows past N: their steps were trained again."""
+    drops the earlier runs' windows past N: their steps were trained again.
+
+    ``wall_seconds`` sums each run's first-to-last log line (a run starts at the trainer's
+    ``data: N train / M dev documents`` line), so a row trained over several sessions states
+    its whole wall time; a run that starts again at step 0 drops the earlier runs' time."""
     windows: list[tuple[int, float, float]] = []  # (last step, tokens, seconds)
+    runs: list[list[float]] = []  # [first, last] timestamp of each run of the trainer
     window = re.compile(r"step=(\d+) .*train/tokens=([\d.e+-]+) train/tokens_per_s=([\d.e+-]+)")
     start = re.compile(r"starting at step (\d+)")
+    run_start = re.compile(r"data: \d+ train / \d+ dev documents")
     try:
         with open(log_path, encoding="utf-8") as f:
             for line in f:
+                stamp = log_timestamp(line)
+                if stamp is not None:
+                    if run_start.search(line) or not runs:
+                        runs.append([stamp, stamp])
+                    runs[-1][1] = stamp
                 if match := start.search(line):
                     windows = [w for w in windows if w[0] <= int(match.group(1))]
+                    if int(match.group(1)) == 0:
+                        runs = runs[-1:]
                 elif (match := window.search(line)) and float(match.group(3)) > 0:
                     tokens = float(match.group(2))
                     windows.append((int(match.group(1)), tokens, tokens / float(match.group(3))))
@@ -420,7 +433,16 @@ def train_speed(log_path: str) -> dict[str, float]:
         "train_tokens": tokens,
         "train_seconds": seconds,
         "train_tokens_per_s": tokens / seconds if seconds else 0.0,
+        "wall_seconds": sum(last - first for first, last in runs),
     }
+
+
+def log_timestamp(line: str) -> float | None:
+    """Seconds since the epoch of a log line's ``YYYY-MM-DD HH:MM:SS`` prefix (None: no stamp)."""
+    try:
+        return datetime.datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S").timestamp()
+    except ValueError:
+        return None
 
 
 # ------------------------------------------------------------------------------- stages
@@ -435,7 +457,6 @@ def train_row(row: Row, settings: Settings, steps: int, tokenizer_path: str) -> 
 
     workdir = settings.row_dir(row.name)
     config = row_config(row, settings, steps, tokenizer_path)
-    start = time.monotonic()
     result = trainer.train_and_evaluate(config, workdir)
     if result.step < steps:  # stopped by a signal: checkpoint saved, no record (resumes)
         raise KeyboardInterrupt(f"{row.name}: training stopped at step {result.step}")
@@ -443,8 +464,7 @@ def train_row(row: Row, settings: Settings, steps: int, tokenizer_path: str) -> 
         "steps": result.step,
         "stopped_by": result.stopped_by,
         "dev": result.dev_metrics,
-        "wall_seconds": time.monotonic() - start,
-        **train_speed(os.path.join(workdir, "train.log")),
+        **train_speed(os.path.join(workdir, "train.log")),  # wall_seconds: every session's
     }
     return record
 
