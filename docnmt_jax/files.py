@@ -8,11 +8,27 @@ temporary file is removed and ``PATH`` keeps whatever it held before (or stays a
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
+import time
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 PARTIAL_SUFFIX = ".partial"
+LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"  # the prefix of every line of train.log and results.log
+
+
+def log_line(message: str) -> str:
+    """``message`` as a log line: local time in :data:`LOG_TIME_FORMAT`, a space, a newline."""
+    return f"{time.strftime(LOG_TIME_FORMAT)} {message}\n"
+
+
+def log_timestamp(line: str) -> float | None:
+    """Seconds since the epoch of a :func:`log_line`'s time prefix (None: the line has none)."""
+    try:
+        return datetime.datetime.strptime(line[:19], LOG_TIME_FORMAT).timestamp()
+    except ValueError:
+        return None
 
 
 @contextlib.contextmanager

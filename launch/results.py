@@ -33,7 +33,7 @@ from docnmt_jax.data import readers
 from docnmt_jax.data.documents import write_tsv
 from docnmt_jax.errors import RunNotFoundError
 from docnmt_jax.evaluation import results as R
-from docnmt_jax.files import write_atomic
+from docnmt_jax.files import log_line, write_atomic
 
 QUICK_DOCS = {"train": 60, "dev": 3, "test": 4}  # shortest chapters per split (--quick)
 
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     def say(message: str) -> None:
         tqdm.write(message)
         with open(log_path, "a", encoding="utf-8") as f:
-            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+            f.write(log_line(message))
 
     planned = row_list
     if not stages:  # a report of what is saved: rows never trained need no budget

@@ -5,6 +5,7 @@ hand). The whole pipeline runs in CI as ``make results-quick``."""
 import dataclasses
 import math
 import os
+import time
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.tokenizer import get_or_train_tokenizer
 from docnmt_jax.errors import ConfigError
 from docnmt_jax.evaluation import results as R
+from docnmt_jax.files import log_line, log_timestamp
 from docnmt_jax.models import build_model
 from docnmt_jax.training import trainer
 
@@ -61,6 +63,14 @@ def test_select_rows_adds_what_a_row_starts_from():
     assert picked == ["transformer", "doct"]
     with pytest.raises(ConfigError, match="unknown rows"):
         R.select_rows("nope", seeds=(0,))
+
+
+def test_a_log_line_carries_the_time_train_speed_reads():
+    before = time.time()
+    line = log_line("step=50 train/tokens=1000")
+    assert line.endswith(" step=50 train/tokens=1000\n")
+    assert math.floor(before) <= log_timestamp(line) <= time.time()  # whole seconds
+    assert log_timestamp("step=50 train/tokens=1000") is None
 
 
 def test_train_speed_adds_windows_not_rates(tmp_path):

@@ -41,7 +41,6 @@ quality goals of issue 21 checked on the numbers.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import math
 import os
@@ -55,7 +54,7 @@ import ml_collections
 from docnmt_jax.config_files import load_config
 from docnmt_jax.data.documents import Document
 from docnmt_jax.errors import ConfigError
-from docnmt_jax.files import write_atomic
+from docnmt_jax.files import log_timestamp, write_atomic
 
 # ------------------------------------------------------------------------------------ rows
 
@@ -446,14 +445,6 @@ def train_speed(log_path: str) -> dict[str, float]:
         "train_tokens_per_s": tokens / seconds if seconds else 0.0,
         "wall_seconds": sum(last - first for first, last in runs),
     }
-
-
-def log_timestamp(line: str) -> float | None:
-    """Seconds since the epoch of a log line's ``YYYY-MM-DD HH:MM:SS`` prefix (None: no stamp)."""
-    try:
-        return datetime.datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S").timestamp()
-    except ValueError:
-        return None
 
 
 # ------------------------------------------------------------------------------- stages

@@ -58,7 +58,7 @@ from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.decoding.translator import Translator
 from docnmt_jax.errors import ConfigError, RunNotFoundError
 from docnmt_jax.evaluation.metrics import score_documents
-from docnmt_jax.files import write_atomic, write_hypotheses
+from docnmt_jax.files import log_line, write_atomic, write_hypotheses
 from docnmt_jax.models import Metric, Model, build_model
 from docnmt_jax.models.base import reduce_metrics
 from docnmt_jax.objectives import Objective, build_objective
@@ -433,7 +433,7 @@ class RunLog:
         if not self.enabled:
             return
         text = " ".join(f"{prefix}{k}={v:.6g}" for k, v in sorted(values.items()))
-        self._file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} step={step} {text}\n")
+        self._file.write(log_line(f"step={step} {text}"))
         self._file.flush()
         with self._writer.as_default(step=step):
             for k, v in values.items():
@@ -444,14 +444,14 @@ class RunLog:
         logging.info(message)
         if self.enabled:
             tqdm.write(message)
-            self._file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+            self._file.write(log_line(message))
             self._file.flush()
 
     def warn(self, message: str) -> None:
         """A warning: to the log file and through absl (stderr under ``launch/train.py``)."""
         logging.warning(message)
         if self.enabled:
-            self._file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} WARNING: {message}\n")
+            self._file.write(log_line(f"WARNING: {message}"))
             self._file.flush()
 
     def close(self) -> None:
