@@ -437,7 +437,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = settings_from(args)
     seeds = [int(s) for s in args.seeds.split(",") if s]
-    row_list = R.select_rows(args.rows, seeds if not settings.quick else [0], extras=settings.quick)
+    row_list = R.select_rows(args.rows, seeds if not settings.quick else [0], extras=True)
+    committed = committed_rows(doc_path(args, settings))
+
+    def trained(row: R.Row) -> bool:
+        return row.name in committed or os.path.exists(
+            os.path.join(settings.row_dir(row.name), "train.json")
+        )
+
+    if not args.rows and not settings.quick:  # extra rows run only by name; reported once run
+        row_list = [r for r in row_list if not r.extra or trained(r)]
     stages = [s for s in args.stages.split(",") if s]
     unknown = set(stages) - set(R.STAGES)
     if unknown:
@@ -454,13 +463,7 @@ def main(argv: list[str] | None = None) -> int:
 
     planned = row_list
     if not stages:  # a report of what is saved: rows never trained need no budget
-        committed = committed_rows(doc_path(args, settings))
-        planned = [
-            r
-            for r in row_list
-            if r.name in committed
-            or os.path.exists(os.path.join(settings.row_dir(r.name), "train.json"))
-        ]
+        planned = [r for r in row_list if trained(r)]
     budget = compute_budget(planned, settings, plan, say)
     restored = restore_records(doc_path(args, settings), row_list, settings, budget)
     if restored:
