@@ -56,6 +56,30 @@ def test_every_row_loads_and_names_are_unique(tmp_path):
         os.chdir(cwd)
 
 
+def test_a_lower_rate_row_scales_both_trainings_and_keeps_other_records(synthetic_dir, tmp_path):
+    by_name = {r.name: r for r in R.rows()}
+    shared, half = by_name["hmgdc"], by_name["hmgdc_half_lr"]
+    assert half.extra and half.lr_factor == 0.5 and shared.lr_factor == 1.0
+    settings = R.quick_settings(str(tmp_path), "data/bible")
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        assert R.row_config(shared, settings, 10, "spm.model").train.lr_scale == settings.lr_scale
+        assert R.row_config(half, settings, 10, "spm.model").train.lr_scale == pytest.approx(
+            settings.lr_scale / 2
+        )
+        rates = [
+            R.synthetic_config(r, settings, synthetic_dir).train.lr_scale for r in (shared, half)
+        ]
+        assert rates == [0.5, pytest.approx(0.25)]
+    finally:
+        os.chdir(cwd)
+    # A row at the shared rate keeps the inputs its committed records were saved with.
+    assert R.stage_inputs("train", shared, settings, 10)["lr"] == settings.lr_scale
+    assert R.stage_inputs("synthetic", shared, settings, 10) == {"steps": settings.synthetic_steps}
+    assert R.stage_inputs("synthetic", half, settings, 10)["lr_factor"] == 0.5
+
+
 def test_select_rows_adds_what_a_row_starts_from():
     picked = [r.name for r in R.select_rows("final_finetuned", seeds=(0,))]
     assert picked == ["transformer", "final_finetuned"]
