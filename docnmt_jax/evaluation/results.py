@@ -172,6 +172,15 @@ _BASE_ROWS: tuple[Row, ...] = (
         _SENTENCE_ROWS + _GRID + _MARGIN,
     ),
     Row(
+        "jean_cho_margin_half_lr",
+        "Jean & Cho (2019) + margin regulariser, half the shared learning rate",
+        "Jean & Cho",
+        "configs/jean_cho.py",
+        _SENTENCE_ROWS + _GRID + _MARGIN,
+        extra=True,
+        lr_factor=0.5,
+    ),
+    Row(
         "jean_cho_margin_stopgrad",
         "Jean & Cho (2019) + margin regulariser, no gradient through the random context",
         "Jean & Cho",
