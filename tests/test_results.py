@@ -359,3 +359,24 @@ def test_report_ratios_spread_and_goals(tmp_path):
     text, _ = R.report(rows, one_seed, settings, "# header")
     assert "transformer (1 seed): s-BLEU 10.00 ± –" in text
     assert "larger seed spread: not known until" in text
+
+
+def test_a_finetune_row_is_compared_with_the_transformer_trained_as_long(tmp_path):
+    rows = R.select_rows("hmgdc_finetuned,transformer_continued", (0,))
+    assert [r.name for r in rows] == ["transformer", "hmgdc_finetuned", "transformer_continued"]
+    control = {r.name: r for r in rows}["transformer_continued"]
+    assert control.extra and control.init_from == "transformer"
+    assert dict(control.overrides)["init_from_rules"] == "all"
+    records = {
+        "transformer": _record(10.0, 12.0),
+        "hmgdc_finetuned": _record(13.25, 14.0, delta=0.1),
+    }
+    settings = R.quick_settings(str(tmp_path), "d")
+    text, _ = R.report(rows, records, settings, "# header")
+    assert "its like-for-like control, `transformer_continued`, is not run yet" in text
+    records["transformer_continued"] = _record(12.5, 15.5)
+    text, _ = R.report(rows, records, settings, "# header")
+    # 13.25 - 12.5 and 14.0 - 15.5, by hand; the control is a sentence model: no Δ_BLEU.
+    assert "hmgdc_finetuned against `transformer_continued` (the same tokens in all): " in text
+    assert "s-BLEU +0.75, d-BLEU -1.50" in text
+    assert "every document model's Δ_BLEU > 0: 1 of 1 rows" in text
