@@ -119,6 +119,13 @@ def test_cumulative_bleu_equals_sacrebleu_on_every_prefix():
     for k in range(1, len(refs) + 1):
         ref = sacrebleu.corpus_bleu(hyps[:k], [refs[:k]]).score
         assert curve[k - 1] == pytest.approx(ref, abs=1e-9)
+    # A corpus without a matched 4-gram (a collapsed model's output): sacreBLEU smooths, so
+    # must the sums (BLEU.compute_bleu alone gives 0 here).
+    refs = ["a dog ran fast today", "it was red"]
+    hyps = ["the dog ran slow today", "it is red"]
+    expected = sacrebleu.corpus_bleu(hyps, [refs]).score
+    assert expected > 0
+    assert cm.corpus_bleu(cm.bleu_statistics(hyps, refs)) == pytest.approx(expected, abs=1e-9)
 
 
 # ----------------------------------------------------------------- measures, hand-built

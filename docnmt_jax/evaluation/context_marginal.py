@@ -235,17 +235,24 @@ def bleu_statistics(hyps: Sequence[str], refs: Sequence[str]) -> np.ndarray:
     return np.asarray(rows, np.int64).reshape(-1, 10)
 
 
-def cumulative_bleu(stats: np.ndarray) -> np.ndarray:
-    """Corpus BLEU of the first ``k`` sentences for every ``k`` (``stats`` in that order)."""
-    sums = np.cumsum(stats, axis=0)
-    return np.array(
-        [BLEU.compute_bleu(list(s[2:6]), list(s[6:10]), int(s[0]), int(s[1])).score for s in sums]
+def _bleu_from_sums(s: np.ndarray) -> float:
+    """sacreBLEU's corpus BLEU from summed statistics, with its corpus default smoothing
+    (``exp``; the static ``compute_bleu`` defaults to none, which gives 0 whenever a corpus
+    has no matched 4-gram, where ``sacrebleu.corpus_bleu`` and the table's s-BLEU do not)."""
+    return float(
+        BLEU.compute_bleu(
+            list(s[2:6]), list(s[6:10]), int(s[0]), int(s[1]), smooth_method="exp"
+        ).score
     )
 
 
+def cumulative_bleu(stats: np.ndarray) -> np.ndarray:
+    """Corpus BLEU of the first ``k`` sentences for every ``k`` (``stats`` in that order)."""
+    return np.array([_bleu_from_sums(s) for s in np.cumsum(stats, axis=0)])
+
+
 def corpus_bleu(stats: np.ndarray) -> float:
-    s = np.sum(stats, axis=0)
-    return float(BLEU.compute_bleu(list(s[2:6]), list(s[6:10]), int(s[0]), int(s[1])).score)
+    return _bleu_from_sums(np.sum(stats, axis=0))
 
 
 # ------------------------------------------------------------------------------ measures
