@@ -19,9 +19,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.context_fusion_gate = True  # h = LN((1-g) h_L + g h_G)
     config.model.xl_decoder = True  # decoder attends to the previous target sentence's states
     config.model.doc2sent = False  # lower encoder layers see each sentence alone
-    # With doc2sent: each target sentence cross-attends over the whole chunk ("chunk", Table 3's
-    # Doc2Sent) or its own sentence's slice only ("own_slice"); without doc2sent, ignored.
-    config.model.doc2sent_cross_attention = "chunk"
+    # With doc2sent: each target sentence cross-attends over its own sentence's slice of the
+    # chunk's encoding ("own_slice", Table 3's Doc2Sent) or over the whole chunk ("chunk", a
+    # named variant); without doc2sent, ignored.
+    config.model.doc2sent_cross_attention = "own_slice"
     config.model.max_relative_distance = 20  # clip of the sentence distance k - kappa
     config.model.max_segments = 20  # segment-embedding table size (>= data.max_sentences)
     config.model.packed_block = 64  # packed training: block width of the banded attention

@@ -1,7 +1,8 @@
-"""FINAL's Doc2Sent rows (Zheng et al. 2020, Table 3): each target sentence cross-attends over
-the whole chunk's encoding (``doc2sent_cross_attention = "chunk"``, the paper's "entire
-document as input") or, the named variant, over its own slice only (``"own_slice"``); training
-(grid and packed rows, tests/test_final_packed.py) and decoding read the same keys."""
+"""FINAL's Doc2Sent rows (Zheng et al. 2020, Table 3): the encoder reads the whole chunk, and
+each target sentence cross-attends over its own slice of that encoding
+(``doc2sent_cross_attention = "own_slice"``) or, the named variant, over the whole chunk
+(``"chunk"``); training (grid and packed rows, tests/test_final_packed.py) and decoding read
+the same keys."""
 
 import dataclasses
 
@@ -29,20 +30,20 @@ def _cfg(reading, **overrides):
 
 
 def test_the_switch_and_its_rows():
-    assert FinalConfig().doc2sent_cross_attention == "chunk"
+    assert FinalConfig().doc2sent_cross_attention == "own_slice"
     assert _cfg("chunk").cross_attends_chunk and not _cfg("own_slice").cross_attends_chunk
     assert not dataclasses.replace(CFG, doc2sent=False).cross_attends_chunk  # FINAL reads h_k
     with pytest.raises(ValueError, match="doc2sent_cross_attention must be one of"):
         dataclasses.replace(CFG, doc2sent_cross_attention="document")
     readings = {}
-    for row in ("doc2sent", "doc2sent+reset", "doc2sent+reset+segment", "doc2sent_own_slice"):
+    for row in ("doc2sent", "doc2sent+reset", "doc2sent+reset+segment", "doc2sent_chunk"):
         config = load_config(f"{TABLE3_CONFIG}:{row}").model
         readings[row] = build_model(config, vocab_size=100).config.cross_attends_chunk
     assert readings == {
-        "doc2sent": True,
-        "doc2sent+reset": True,
-        "doc2sent+reset+segment": True,
-        "doc2sent_own_slice": False,
+        "doc2sent": False,
+        "doc2sent+reset": False,
+        "doc2sent+reset+segment": False,
+        "doc2sent_chunk": True,
     }
     bad = dict(load_config(TABLE3_CONFIG).model.to_dict(), doc2sent_cross_attention="x")
     with pytest.raises(ModelError, match="config.model: doc2sent_cross_attention"):
@@ -89,6 +90,41 @@ def test_other_sentences_reach_a_sentence_only_with_the_chunk_reading():
     assert moved.max() > 1e-2
     np.testing.assert_array_equal(out["own", "sentence_0"][0, later], out["own", "clean"][0, later])
     np.testing.assert_array_equal(out["own", "sentence_0"][1:], out["own", "clean"][1:])
+
+
+def test_the_chunk_reading_gives_every_sentence_of_a_chunk_the_same_output():
+    """Known answer, why "own_slice" is Doc2Sent's reading: without the XL decoder, under
+    "chunk" every sentence of a chunk reads the same keys from the same BOS at the same
+    positions, so the first-token logits of all its sentences are equal (and a greedy or beam
+    search writes one output for all); under "own_slice" each sentence reads its own ``h_k``
+    and they differ."""
+    batch = _batch()
+    chunk_model, params = _init(_cfg("chunk"), batch)
+    own_model = Final(_cfg("own_slice"))
+    v = {"params": params}
+    src, src_mask = batch["src"], batch["src_mask"]
+    tgt_in = jnp.full(batch["tgt"].shape, BOS, jnp.int32)  # every sentence: BOS, BOS, ...
+
+    def first_logits(p):
+        enc = chunk_model.apply(p, src, src_mask, method=chunk_model.encode)
+        return {
+            name: model.apply(p, enc, src_mask, tgt_in, batch["tgt_mask"], method=model.decode)[
+                :, :, 0
+            ]
+            for name, model in (("chunk", chunk_model), ("own", own_model))
+        }
+
+    out = jax.tree.map(np.asarray, _fast(first_logits, v))
+    checked = 0
+    for b in range(src.shape[0]):
+        real = np.flatnonzero(batch["tgt_mask"][b, :, 0] > 0)
+        if len(real) < 2:
+            continue
+        checked += 1
+        chunk, own = out["chunk"][b, real], out["own"][b, real]
+        np.testing.assert_allclose(chunk, np.broadcast_to(chunk[0], chunk.shape), atol=1e-5)
+        assert np.abs(own - own[0]).max() > 1e-2
+    assert checked
 
 
 def _np_ln(p, x):
