@@ -6,6 +6,8 @@
         [--chunk 0] [--checkpoint best] [--out DIR]
     python launch/analyze.py single-sentence --workdir RUN --input TEST.tsv \\
         [--beam 5 --alpha 0.6 --checkpoint best] [--out DIR]
+    python launch/analyze.py source-use --workdir RUN --input TEST.tsv [--docs 6] \\
+        [--max_len 128] [--checkpoint best] [--json FILE]
 
 * ``context-curve`` (Fig. 3): every sentence translated with its previous ``k`` sentences as
   context, for every ``k`` of ``--sizes`` (the window document ``[i-k .. i]``, its last
@@ -16,6 +18,10 @@
 * ``single-sentence`` (Table 2): the input translated as documents and every sentence as its
   own one-sentence document; prints s-BLEU and d-BLEU side by side, writes
   ``single_sentence.tsv`` and both translations.
+* ``source-use``: does the model read its source? The teacher-forced log-likelihood per target
+  token of the first ``--docs`` documents with their true sources, another document's and
+  blank ones, and the encoder's token variance share on their largest chunk
+  (:mod:`docnmt_jax.evaluation.source_use`); prints them, ``--json`` also writes them.
 
 ``--input`` is a corpus TSV ``doc_id<TAB>src<TAB>tgt`` (``attention`` reads only sources: also
 ``doc_id<TAB>src`` or plain text). Outputs go to ``--out`` (default ``RUN/analysis``), each
@@ -28,6 +34,8 @@ status 2 and one line ``analyze.py: error: ...``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 
 from absl import logging
@@ -37,7 +45,8 @@ from docnmt_jax.data import readers
 from docnmt_jax.data.documents import Document
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.errors import UserError
-from docnmt_jax.evaluation import analysis
+from docnmt_jax.evaluation import analysis, context_marginal, source_use
+from docnmt_jax.files import write_atomic
 from docnmt_jax.training import restore
 
 PROG = "analyze.py"
@@ -84,6 +93,10 @@ def build_parser() -> cli.ArgumentParser:
     attention.add_argument("--chunk", type=int, default=0, help="chunk of the document (0: first)")
     single = command("single-sentence", "Table 2: document vs single-sentence BLEU", True)
     single.add_argument("--quiet", action="store_true", help="no progress bars")
+    use = command("source-use", "does the model read its source? (likelihood, encodings)", False)
+    use.add_argument("--docs", type=int, default=6, help="first documents of --input probed")
+    use.add_argument("--max_len", type=int, default=128, help="longest sentence scored (tokens)")
+    use.add_argument("--json", default="", help="also write the measures to this JSON file")
     return parser
 
 
@@ -184,10 +197,59 @@ def run_single_sentence(args: argparse.Namespace) -> None:
     print(f"wrote {', '.join(paths)}")
 
 
+def run_source_use(args: argparse.Namespace) -> None:
+    if args.docs < 2:
+        raise UserError(f"--docs={args.docs}: needs at least 2 documents to swap sources")
+    check_workdir(args.workdir)
+    documents = read_references(args.input)[: args.docs]
+    if len(documents) < 2:
+        raise UserError(f"--input={args.input!r}: needs at least 2 documents to swap sources")
+    translator, step = restore.load_translator(args.workdir, args.checkpoint, SearchConfig())
+    model, params = translator.model, translator.params
+    config = dataclasses.replace(
+        translator.pipeline_config,
+        max_src_len=args.max_len,
+        max_tgt_len=args.max_len,
+        sequential_sentences=False,
+    )
+    score = context_marginal.sentence_scorer(model, params, translator.tokenizer, config)
+    measured = source_use.source_sensitivity(score, documents)
+    share, tokens = source_use.largest_chunk_share(
+        model, params, translator.tokenizer.encode_batch, config, documents
+    )
+    result = {
+        "workdir": args.workdir,
+        "step": step,
+        "model": model.name,
+        "documents": len(documents),
+        "target_tokens": measured.tokens,
+        "loglik_true": measured.true,
+        "loglik_other_sources": measured.other,
+        "loglik_blank_sources": measured.blank,
+        "drop_other_sources": measured.drop_other,
+        "drop_blank_sources": measured.drop_blank,
+        "token_variance_share": share,
+        "largest_chunk_tokens": tokens,
+    }
+    print(
+        f"{args.workdir} step {step} ({model.name}), first {len(documents)} documents of "
+        f"{args.input}, {measured.tokens} target tokens\n"
+        f"log-likelihood per target token: true sources {measured.true:.4f}, another "
+        f"document's {measured.other:.4f} (drop {measured.drop_other:.4f}), blank "
+        f"{measured.blank:.4f} (drop {measured.drop_blank:.4f})\n"
+        f"encoder token variance share on the largest chunk ({tokens} source tokens): "
+        f"{share:.4f}"
+    )
+    if args.json:
+        write_atomic(args.json, json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
+
+
 COMMANDS = {
     "context-curve": run_context_curve,
     "attention": run_attention,
     "single-sentence": run_single_sentence,
+    "source-use": run_source_use,
 }
 
 

@@ -596,3 +596,34 @@ def test_user_mistakes_and_models_without_the_analysis_are_one_line(doc2doc_run,
     assert "no context, a flat curve" in printed
     rows = _read_tsv(tmp_path / "context_curve.tsv")
     assert rows[0]["s_bleu"] == rows[1]["s_bleu"] and rows[0]["d_bleu"] == rows[1]["d_bleu"]
+
+
+def test_source_use_command(doc2doc_run, tmp_path, capsys):
+    workdir, test, docs = doc2doc_run
+    out = tmp_path / "use.json"
+    _analyze().main(
+        [
+            "source-use",
+            f"--workdir={workdir}",
+            f"--input={test}",
+            "--checkpoint=latest",
+            f"--json={out}",
+        ]
+    )
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["model"] == "doc2doc" and result["documents"] == len(docs) == 2
+    for key in ("loglik_true", "loglik_other_sources", "loglik_blank_sources"):
+        assert result[key] < 0 and f"{result[key]:.4f}" in printed
+    assert result["drop_other_sources"] == pytest.approx(
+        result["loglik_true"] - result["loglik_other_sources"]
+    )
+    assert 0.0 <= result["token_variance_share"] <= 1.0
+    # The largest chunk: doc2doc encodes a chunk of 4 sentences as one sequence.
+    _, tokenizer, _ = restore.load_model(workdir)
+    lengths = [len(ids) for d in docs for ids in tokenizer.encode_batch(list(d.src[:4]))]
+    assert result["largest_chunk_tokens"] <= sum(lengths)
+    err = _error(
+        _analyze(), capsys, "source-use", f"--workdir={workdir}", f"--input={test}", "--docs=1"
+    )
+    assert "--docs=1" in err

@@ -108,6 +108,24 @@ def test_resume_gives_the_same_losses(synthetic_dir, tmp_path):
     assert any(f.startswith("events") for f in os.listdir(os.path.join(resumed_dir, "tensorboard")))
 
 
+def test_resuming_under_another_model_config_is_a_one_line_error(synthetic_dir, tmp_path):
+    workdir = str(tmp_path / "run")
+    trainer.train_and_evaluate(tiny_config(synthetic_dir, num_steps=2), workdir)
+    other = tiny_config(synthetic_dir, num_steps=4)
+    other.model.dropout_rate = 0.3  # same parameter shapes: Orbax alone would restore it
+    with pytest.raises(trainer.ConfigError) as caught:
+        trainer.train_and_evaluate(other, workdir)
+    message = str(caught.value)
+    assert "\n" not in message and "config.json" in message
+    assert "model.dropout_rate: 0.1 there, 0.3 now" in message
+    # The refusal happens before anything is written: the saved config is the first run's.
+    with open(os.path.join(workdir, "config.json")) as f:
+        assert '"dropout_rate": 0.1' in f.read()
+    # The same model config resumes (a longer run is a train change, not a model change).
+    resumed = trainer.train_and_evaluate(tiny_config(synthetic_dir, num_steps=4), workdir)
+    assert resumed.step == 4
+
+
 def _save_params(path, params):
     ckpt = checkpoints.Checkpointer(str(path))
     ckpt.save(1, {"step": jnp.array(1), "params": params}, {"step": 1, "data_step": 1})

@@ -601,6 +601,46 @@ def _is_better(value: float, best: float | None, mode: str) -> bool:
     return value < best if mode == "min" else value > best
 
 
+def _flat_items(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a.b": leaf}`` for a nested dict (JSON lists compare as lists)."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    items: dict[str, Any] = {}
+    for key, value in tree.items():
+        items.update(_flat_items(value, f"{prefix}.{key}" if prefix else str(key)))
+    return items
+
+
+def check_resumable(config: ml_collections.ConfigDict, workdir: str) -> None:
+    """Refuses to resume ``workdir``'s checkpoints under another ``config.model``.
+
+    A checkpoint restores into any model whose parameter shapes agree, so a workdir trained
+    under one reading (e.g. FINAL's ``doc2sent_cross_attention="chunk"``) would silently be
+    resumed -- or scored -- as another. When ``workdir`` holds a finished checkpoint and a
+    ``config.json``, every ``model`` field present in both must be equal; fields only one side
+    has (added or retired options) are not compared. Raises a one-line :class:`ConfigError`
+    naming the fields and both values.
+    """
+    path = os.path.join(workdir, "config.json")
+    if not checkpoints.has_steps(workdir) or not os.path.exists(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f).get("model", {})
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConfigError(f"{path}: cannot read the run's saved config ({e})") from None
+    old = _flat_items(saved if isinstance(saved, dict) else {})
+    new = _flat_items(json.loads(config.model.to_json_best_effort()))
+    differ = [k for k in sorted(old.keys() & new.keys()) if old[k] != new[k]]
+    if differ:
+        shown = ", ".join(f"model.{k}: {old[k]!r} there, {new[k]!r} now" for k in differ[:4])
+        more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
+        raise ConfigError(
+            f"{path}: {workdir} holds checkpoints of another model config ({shown}{more}); "
+            "use a new workdir, or the saved config to resume"
+        )
+
+
 def train_and_evaluate(
     config: ml_collections.ConfigDict,
     workdir: str,
@@ -617,6 +657,7 @@ def train_and_evaluate(
         raise ConfigError(f"config.train.best_mode must be min or max, got {tcfg.best_mode!r}")
     on_long = check_on_long(config.data.get("on_long", "error"))
     os.makedirs(workdir, exist_ok=True)
+    check_resumable(config, workdir)
     runlog = RunLog(workdir)
     if jax.process_index() == 0:  # written whole and renamed: a kill never leaves half of it
         config_text = config.to_json_best_effort(indent=2, sort_keys=True) + "\n"
