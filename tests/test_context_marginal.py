@@ -478,6 +478,7 @@ def test_evaluate_refuses_a_sentence_model_in_one_line(synthetic_dir, tmp_path):
     )
 
 
+@pytest.mark.slow  # 86 s with its fixture's training (issue 21, suite time at 19:51)
 def test_gate_stats_counts_every_source_token_with_context(jean_cho_run, synthetic_dir):
     from docnmt_jax.data import readers
     from docnmt_jax.training import restore
