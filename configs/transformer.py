@@ -58,8 +58,15 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.num_steps = 100_000  # optimiser steps (one batch each)
     config.train.warmup_steps = 8000  # linear warm-up, then 1/sqrt(step) decay
     config.train.lr_scale = 1.0  # multiplies the whole learning-rate curve
+    config.train.learning_rate = 0.0  # absolute peak (end of warm-up); 0: d_model^-0.5 scaled
     config.train.label_smoothing = 0.1  # eps of the smoothed target distribution
     config.train.clip_norm = 0.0  # global gradient-norm clipping; 0 disables
+    # k > 1: each update sums the gradients of k batches (loss normalised over all their
+    # tokens), so an update sees k x the batch; steps, warm-up and *_every count updates.
+    config.train.accumulate_steps = 1  # micro-batches per optimiser update
+    # > 0: an exponential moving average of the parameters (ramped: min(d, (1+t)/(10+t))),
+    # used for dev evaluation, the best checkpoint and translation (translate.py --params).
+    config.train.ema_decay = 0.0  # 0: off; e.g. 0.999
     config.train.log_every = 50  # steps between log lines / TensorBoard points
     config.train.eval_every = 1000  # steps between dev evaluations (and best-checkpoint checks)
     config.train.checkpoint_every = 1000  # steps between checkpoints

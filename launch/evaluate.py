@@ -4,7 +4,13 @@ pronoun overlap.
 Usage (from the repository root)::
 
     python launch/evaluate.py --hyp runs/NAME/test.hyp.tsv --ref data/bible/test.tsv \\
-        [--json] [--lowercase] [--pronouns [--pronoun_lang en | --pronoun_list FILE]]
+        [--json] [--lowercase] [--pronouns [--pronoun_lang en | --pronoun_list FILE]] \\
+        [--baseline runs/BASE/test.hyp.tsv [--paired bs,ar] [--paired_samples N]]
+
+``--baseline`` adds sacreBLEU's paired tests of ``--hyp`` against that baseline (bootstrap
+resampling and approximate randomisation, seed 12345 in the signature): s-BLEU and chrF with
+sentences as the resampled segments, d-BLEU with documents
+(:mod:`docnmt_jax.evaluation.significance`).
 
 ``--hyp``: TSV ``doc_id<TAB>hyp`` (header optional; ``launch/translate.py`` writes it) or plain
 text, one sentence per line, blank lines between documents. ``--ref``: the corpus TSV
@@ -64,7 +70,7 @@ from docnmt_jax.data import contrastive_sets, readers
 from docnmt_jax.data.documents import CorpusFormatError
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.errors import UserError
-from docnmt_jax.evaluation import analysis, context_marginal, contrastive
+from docnmt_jax.evaluation import analysis, context_marginal, contrastive, significance
 from docnmt_jax.evaluation.metrics import evaluate_files, format_report, score_documents
 from docnmt_jax.evaluation.pronouns import PRONOUNS, pronoun_scores, read_pronoun_list
 from docnmt_jax.files import write_atomic
@@ -86,7 +92,22 @@ flags.DEFINE_string(
 flags.DEFINE_string(
     "workdir", None, "A document model's run: measure its use of context on --ref (see above)."
 )
-flags.DEFINE_string("checkpoint", "best", "With --workdir: best, latest or a step number.")
+flags.DEFINE_string(
+    "checkpoint", "best", "With --workdir: best, latest, averaged or a step number."
+)
+flags.DEFINE_enum(
+    "params", "auto", ["auto", "ema", "raw"], "With --workdir: the EMA (auto: when kept) or raw."
+)
+flags.DEFINE_string(
+    "baseline",
+    None,
+    "With --hyp: a baseline's hypotheses (same formats): paired significance of --hyp against "
+    "it (sacreBLEU; s-BLEU/chrF over sentences, d-BLEU over documents).",
+)
+flags.DEFINE_list("paired", ["bs", "ar"], "With --baseline: bs (bootstrap) and/or ar tests.")
+flags.DEFINE_integer(
+    "paired_samples", 0, "With --baseline: resamples/trials (0: sacreBLEU's 1000 / 10000)."
+)
 flags.DEFINE_integer("context_draws", 3, "With --workdir: random-context draws (Table 1: 3).")
 flags.DEFINE_integer("context_seed", 0, "With --workdir: seed of the first random draw.")
 flags.DEFINE_integer("beam", 5, "With --workdir: beam size (1 = greedy).")
@@ -150,7 +171,11 @@ def measure_context(pronouns: object) -> dict:
     """``--workdir``: translate and score ``--ref`` with true and random contexts."""
     search = SearchConfig(beam_size=FLAGS.beam, alpha=FLAGS.alpha)
     translator, step = restore.load_translator(
-        FLAGS.workdir, FLAGS.checkpoint, search, batch_tokens=FLAGS.batch_tokens
+        FLAGS.workdir,
+        FLAGS.checkpoint,
+        search,
+        batch_tokens=FLAGS.batch_tokens,
+        params=FLAGS.params,
     )
     docs = readers.read_tsv(FLAGS.ref)
     if any(not s for doc in docs for s in doc.tgt):
@@ -190,7 +215,7 @@ def score_contrastive_set() -> dict:
     langs = FLAGS.contrastive_langs.split(",") if FLAGS.contrastive_langs else None
     instances = contrastive_sets.read_contrastive_set(fmt, FLAGS.data, langs)
     model, tokenizer, config = restore.load_model(FLAGS.workdir)
-    params, step = restore.load_params(model, FLAGS.workdir, FLAGS.checkpoint)
+    params, step = restore.load_params(model, FLAGS.workdir, FLAGS.checkpoint, params=FLAGS.params)
     scores = contrastive.instance_scores(
         model,
         params,
@@ -257,6 +282,20 @@ def main(argv: list[str]) -> None:
         result = evaluate_files(FLAGS.hyp, FLAGS.ref, lowercase=FLAGS.lowercase, pronouns=pronouns)
         if pronouns is not None:
             result["pronouns"]["list"] = source
+        if FLAGS.baseline:
+            bad = [t for t in FLAGS.paired if t not in significance.TESTS]
+            if bad:
+                raise app.UsageError(f"--paired: {bad[0]!r} is not one of bs, ar")
+            result["paired"] = significance.paired_files(
+                FLAGS.hyp,
+                FLAGS.baseline,
+                FLAGS.ref,
+                FLAGS.paired,
+                FLAGS.paired_samples,
+                FLAGS.lowercase,
+            )
+    elif FLAGS.baseline:
+        raise app.UsageError("--baseline needs --hyp (the system to compare with it)")
     if FLAGS.workdir:
         context = measure_context(pronouns)
     if FLAGS.json:
@@ -267,6 +306,8 @@ def main(argv: list[str]) -> None:
         return
     if result is not None:
         print(format_report(result))
+        if "paired" in result:
+            print(significance.format_paired(result["paired"], FLAGS.hyp, FLAGS.baseline))
     if context is not None:
         print(context["report"])
 

@@ -61,7 +61,17 @@ _MAX_SOURCE = flags.DEFINE_integer(
 )
 _BATCH_TOKENS = flags.DEFINE_integer("batch_tokens", 4096, "Padded source tokens per batch.")
 _BLOCK = flags.DEFINE_integer("block_documents", 256, "Documents read and translated at a time.")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", "best", "best, latest or a step number.")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint",
+    "best",
+    "best, latest, averaged (launch/average_checkpoints.py) or a step number.",
+)
+_PARAMS = flags.DEFINE_enum(
+    "params",
+    "auto",
+    ["auto", "ema", "raw"],
+    "Parameter set: the EMA when the run keeps one (auto), the EMA, or the raw parameters.",
+)
 _RANDOM_SEED = flags.DEFINE_integer(
     "random_context_seed", None, "Translate with this draw of random contexts (document models)."
 )
@@ -126,6 +136,7 @@ def main(argv: list[str]) -> None:
         batch_tokens=_BATCH_TOKENS.value,
         mesh=parse_mesh(_MESH.value),
         max_source_tokens=_MAX_SOURCE.value,
+        params=_PARAMS.value,
     )
     translator.source_file = _INPUT.value  # a sentence too long for the model: FILE:LINE
     alone = ", every sentence alone" if _SENTENCES.value else ""

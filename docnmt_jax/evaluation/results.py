@@ -375,8 +375,6 @@ def row_config(
     """The training config of ``row``: its file and overrides, the shared tokenizer, budget
     flags and sizes; checkpoints every quarter of the steps, dev loss at the end."""
     config = load_config(row.config)
-    for key, value in row.overrides:
-        _set(config, key, value)
     _sized(config, settings.model)
     config.data.data_dir = settings.data_dir
     config.data.tokenizer = tokenizer
@@ -395,6 +393,8 @@ def row_config(
     if row.init_from:
         config.init_from = settings.row_dir(row.init_from)
         config.init_from_which = "latest"
+    for key, value in row.overrides:  # last: a row's own setting is never overwritten
+        _set(config, key, value)
     if "max_segments" in config.model:
         config.model.max_segments = max(config.model.max_segments, config.data.max_sentences)
     return config

@@ -240,17 +240,22 @@ def _brief(error: Exception) -> str:
 
 
 def check_restored(step: int, state: PyTree, meta: Any) -> str:
-    """Why a restored checkpoint of ``step`` is unusable, or ``''``: its ``meta`` must be a dict
-    naming that step (and, with a data position, the same one), the state's own step counter
-    the same, and every value finite (no NaN/Inf state is ever saved)."""
+    """Why a restored checkpoint numbered ``step`` is unusable, or ``''``: its ``meta`` must be
+    a dict whose data position is ``step`` and agrees with its update step (equal to it without
+    accumulation), the state's own step counter that update step, and every value finite (no
+    NaN/Inf state is ever saved)."""
     if not isinstance(meta, dict):
         return f"meta is {type(meta).__name__}, not a dict"
-    if "step" in meta and meta["step"] != step:
-        return f"meta names step {meta['step']!r}"
-    if "data_step" in meta and meta["data_step"] != meta.get("step", step):
-        return f"meta data position {meta['data_step']!r} differs from its step"
+    # A checkpoint is numbered by its data position: its update step, or with gradient
+    # accumulation updates x accumulate_steps + the micro-batch inside the update.
+    updates = meta.get("step", step)
+    k, micro = meta.get("accumulate_steps", 1), meta.get("micro", 0)
+    if meta.get("data_step", step) != step or updates * k + micro != step:
+        return f"meta names step {updates!r}, data position {meta.get('data_step')!r}" + (
+            f" (accumulate_steps {k!r}, micro-batch {micro!r})" if k != 1 else ""
+        )
     counter = state.get("step") if isinstance(state, dict) else None
-    if counter is not None and int(jax.device_get(_local(counter))) != step:
+    if counter is not None and int(jax.device_get(_local(counter))) != updates:
         return f"the state's step counter is {int(jax.device_get(_local(counter)))}"
     bad = nonfinite_leaves(state)
     if bad:
@@ -263,6 +268,14 @@ def _steps(directory: str) -> list[int]:
     if not os.path.isdir(directory):
         return []
     return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
+
+
+def saved_trees(state_dir: str) -> list[str]:
+    """The top-level entries of a saved state (``params``, ``opt_state``, ``ema``, ...)."""
+    metadata = ocp.StandardCheckpointer().metadata(state_dir)
+    tree = getattr(metadata, "item_metadata", metadata)
+    tree = getattr(tree, "tree", tree)
+    return sorted(tree.keys()) if hasattr(tree, "keys") else []
 
 
 def has_steps(workdir: str) -> bool:
@@ -315,8 +328,10 @@ def init_params_from(
     params: PyTree,
     allow_new: bool = False,
     ignore_unused: bool = False,
+    tree: str = "params",
 ) -> tuple[PyTree, dict[str, list[str]]]:
-    """Parameters of ``params`` taken from the checkpoint at ``path`` (params only).
+    """Parameters of ``params`` taken from the checkpoint at ``path`` (params only; ``tree =
+    "ema"``: its exponential moving average instead, which the state must hold).
 
     A parameter the model has but the checkpoint lacks (``new``), one the checkpoint has but
     the model lacks (``unused``), or one whose shape differs, is reported by its full path and
@@ -325,7 +340,9 @@ def init_params_from(
     """
     state_dir = resolve_state_dir(path)
     saved = ocp.StandardCheckpointer().restore(state_dir)
-    saved_params = _flat(saved["params"] if "params" in saved else saved)
+    if tree != "params" and tree not in saved:
+        raise ValueError(f"{state_dir}: the checkpoint holds no {tree!r} parameters")
+    saved_params = _flat(saved[tree] if tree in saved else saved)
     model_params = _flat(params)
     new = sorted(set(model_params) - set(saved_params))
     unused = sorted(set(saved_params) - set(model_params))

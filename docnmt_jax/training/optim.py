@@ -2,7 +2,9 @@
 parameters and training stages.
 
 lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), counted from step 1;
-``train.schedule_offset = k`` restarts the curve (warm-up included) at step ``k``.
+with an absolute peak ``train.learning_rate = p > 0`` the factor ``d_model^-0.5`` becomes
+``p * warmup^0.5``, so the curve has the same shape and reaches ``scale * p`` at the end of the
+warm-up. ``train.schedule_offset = k`` restarts the curve (warm-up included) at step ``k``.
 ``train.freeze`` (regular expressions searched in parameter paths such as
 ``encoder_layers_0/attention_block/norm/scale``) marks parameters that get no update and no
 optimiser moments (``optax.multi_transform`` with ``set_to_zero``); gradient clipping then
@@ -71,22 +73,33 @@ def count_by_label(params: PyTree, labels: PyTree) -> dict[str, int]:
 
 
 def inverse_sqrt_schedule(
-    d_model: int, warmup_steps: int, scale: float = 1.0, offset: int = 0
+    d_model: int,
+    warmup_steps: int,
+    scale: float = 1.0,
+    offset: int = 0,
+    peak: float = 0.0,
 ) -> optax.Schedule:
     """The Transformer schedule; ``scale`` multiplies the whole curve (1.0 = the paper). With
-    ``offset > 0`` the curve starts again at step ``offset`` (a new stage's warm-up): steps
-    before it follow the curve from 0, steps from it on the curve from ``offset``."""
+    ``peak > 0`` the curve's peak (at the end of the warm-up) is ``scale * peak`` instead of
+    ``scale * (d_model * warmup_steps)^-0.5``. With ``offset > 0`` the curve starts again at
+    step ``offset`` (a new stage's warm-up): steps before it follow the curve from 0, steps
+    from it on the curve from ``offset``."""
     if warmup_steps < 1:
         raise ConfigError(f"config.train.warmup_steps must be >= 1, got {warmup_steps}")
     if offset < 0:
         raise ModelError(f"config.train.schedule_offset must be >= 0, got {offset}")
+    if peak < 0:
+        raise ConfigError(
+            f"config.train.learning_rate must be >= 0 (0: d_model-scaled), got {peak}"
+        )
+    factor = peak * warmup_steps**0.5 if peak > 0 else d_model**-0.5
 
     def schedule(count: jnp.ndarray) -> jnp.ndarray:
         count = jnp.asarray(count, jnp.int32)
         if offset:
             count = jnp.where(count >= offset, count - offset, count)
         step = count.astype(jnp.float32) + 1.0
-        return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
+        return scale * factor * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
 
     return schedule
 
@@ -151,14 +164,18 @@ def make_optimizer(
     labels: PyTree | None = None,
     unfreeze_at_step: int = 0,
     schedule_offset: int = 0,
+    learning_rate: float = 0.0,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """Adam(0.9, 0.98, 1e-9) under the inverse-sqrt schedule (restarted at
     ``schedule_offset`` when > 0), optional global-norm clipping; with ``labels``
     (:func:`freeze_labels`) only the trainable parameters are updated, until
-    ``unfreeze_at_step`` (> 0) from which the frozen ones train too, with fresh moments."""
+    ``unfreeze_at_step`` (> 0) from which the frozen ones train too, with fresh moments;
+    ``learning_rate`` > 0 is the schedule's absolute peak (:func:`inverse_sqrt_schedule`)."""
     if unfreeze_at_step < 0:
         raise ModelError(f"config.train.unfreeze_at_step must be >= 0, got {unfreeze_at_step}")
-    schedule = inverse_sqrt_schedule(d_model, warmup_steps, lr_scale, schedule_offset)
+    schedule = inverse_sqrt_schedule(
+        d_model, warmup_steps, lr_scale, schedule_offset, peak=learning_rate
+    )
 
     def adam(learning_rate: optax.Schedule) -> optax.GradientTransformation:
         if weight_decay:

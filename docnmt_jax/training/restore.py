@@ -41,7 +41,8 @@ def load_run_tokenizer(config: ml_collections.ConfigDict, workdir: str) -> Token
 
 
 def checkpoint_step_dir(workdir: str, which: str) -> tuple[str, int]:
-    """The step directory of ``best``, ``latest`` or a step number, and that step."""
+    """The step directory of ``best``, ``latest``, ``averaged`` (``launch/average_checkpoints.py``)
+    or a step number, and that step."""
 
     def steps(sub: str) -> list[int]:
         path = os.path.join(workdir, sub)
@@ -49,6 +50,13 @@ def checkpoint_step_dir(workdir: str, which: str) -> tuple[str, int]:
             sorted(int(d) for d in os.listdir(path) if d.isdigit()) if os.path.isdir(path) else []
         )
 
+    if which == "averaged":
+        if not steps("averaged"):
+            raise RunNotFoundError(
+                f"{workdir}: no averaged checkpoint; make one with `python "
+                f"launch/average_checkpoints.py --workdir {workdir} --last N`"
+            )
+        return os.path.join(workdir, "averaged", str(steps("averaged")[-1])), steps("averaged")[-1]
     if which == "best" and steps("best"):
         return os.path.join(workdir, "best", str(steps("best")[-1])), steps("best")[-1]
     if which in ("best", "latest"):
@@ -58,7 +66,9 @@ def checkpoint_step_dir(workdir: str, which: str) -> tuple[str, int]:
             "checkpoints"
         )[-1]
     if not which.isdigit():
-        raise UserError(f"--checkpoint must be best, latest or a step number, got {which!r}")
+        raise UserError(
+            f"--checkpoint must be best, latest, averaged or a step number, got {which!r}"
+        )
     for sub in ("checkpoints", "best"):
         if int(which) in steps(sub):
             return os.path.join(workdir, sub, which), int(which)
@@ -76,18 +86,42 @@ def load_model(workdir: str) -> tuple[Model, Tokenizer, ml_collections.ConfigDic
     return build_model(config.model, tokenizer.vocab_size), tokenizer, config
 
 
+#: Which parameter set of a checkpoint to use: ``auto`` (the EMA when the run keeps one),
+#: ``ema`` or ``raw`` (the optimiser's own parameters).
+PARAM_SETS = ("auto", "ema", "raw")
+
+
+def parameter_tree(step_dir: str, params: str) -> str:
+    """The saved tree (``params`` or ``ema``) that ``params`` (:data:`PARAM_SETS`) picks in
+    ``step_dir``; ``ema`` where the checkpoint has none is a one-line error."""
+    if params not in PARAM_SETS:
+        raise UserError(f"--params must be one of {', '.join(PARAM_SETS)}, got {params!r}")
+    if params == "raw":
+        return "params"
+    has_ema = "ema" in checkpoints.saved_trees(os.path.join(step_dir, "state"))
+    if params == "ema" and not has_ema:
+        raise UserError(f"{step_dir}: --params ema, but the run kept no EMA (train.ema_decay=0)")
+    return "ema" if has_ema else "params"
+
+
 def load_params(
-    model: Model, workdir: str, which: str, tokenizer_path: str | None = None
+    model: Model,
+    workdir: str,
+    which: str,
+    tokenizer_path: str | None = None,
+    params: str = "auto",
 ) -> tuple[Any, int]:
-    """Parameters of ``model`` restored from ``which`` checkpoint of ``workdir``, and its step.
+    """Parameters of ``model`` restored from ``which`` checkpoint of ``workdir``, and its step;
+    ``params`` picks the EMA or the raw parameters (:data:`PARAM_SETS`).
 
     ``model`` is built from the run's own config, so a parameter whose shape differs from the
     checkpoint's can only come from the vocabulary: a :class:`VocabularyMismatchError` names
     ``tokenizer_path`` and the shapes."""
     template = nn.meta.unbox(model.init(jax.random.PRNGKey(0), dummy_batch())["params"])
     step_dir, step = checkpoint_step_dir(workdir, which)
+    tree = parameter_tree(step_dir, params)
     try:
-        params, _ = checkpoints.init_params_from(step_dir, template)
+        params, _ = checkpoints.init_params_from(step_dir, template, tree=tree)
     except checkpoints.ParamShapeError as e:
         raise VocabularyMismatchError(
             f"{tokenizer_path or 'the tokenizer'} does not fit checkpoint {step_dir} (was the "
@@ -103,11 +137,13 @@ def load_translator(
     batch_tokens: int = 4096,
     mesh: Mapping[str, int] | None = None,
     max_source_tokens: int | None = MAX_SOURCE_TOKENS,
+    params: str = "auto",
 ) -> tuple[Translator, int]:
     """A :class:`Translator` for the run in ``workdir`` and the checkpoint step it uses; with
-    ``mesh`` (``config.mesh``-style sizes) it searches on that device mesh."""
+    ``mesh`` (``config.mesh``-style sizes) it searches on that device mesh; ``params`` picks
+    the EMA or the raw parameters (:data:`PARAM_SETS`)."""
     model, tokenizer, config = load_model(workdir)
-    params, step = load_params(model, workdir, which, tokenizer.model_path)
+    params, step = load_params(model, workdir, which, tokenizer.model_path, params)
     layout = None
     if mesh is not None:
         layout = parallel.Layout(parallel.make_mesh(mesh))

@@ -1,4 +1,6 @@
-"""The train state ``{step, params, opt_state}`` on a device mesh.
+"""The train state ``{step, params, opt_state}`` (plus ``ema`` with ``train.ema_decay > 0``
+and ``accum`` with ``train.accumulate_steps > 1``: :mod:`docnmt_jax.training.steps`) on a
+device mesh.
 
 Its shardings come from the models' logical axis names (``jax.eval_shape`` of the init, so
 nothing is computed), and it is initialised directly into them by a jitted init with those
@@ -18,7 +20,9 @@ import optax
 from docnmt_jax import parallel
 from docnmt_jax.data.schema import dummy_batch
 from docnmt_jax.parallel import Layout
+from docnmt_jax.training import ema as ema_lib
 from docnmt_jax.training import optim
+from docnmt_jax.training.steps import init_accumulator
 
 PyTree = Any
 
@@ -52,35 +56,58 @@ def build_optimizer_state(
         labels=labels,
         unfreeze_at_step=unfreeze_at,
         schedule_offset=int(tcfg.get("schedule_offset", 0)),
+        learning_rate=float(tcfg.get("learning_rate", 0.0)),
     )
-    shardings = state_shardings(model, tx, layout)
+    ema = ema_lib.check_decay(tcfg.get("ema_decay", 0.0)) > 0
+    accumulate = int(tcfg.get("accumulate_steps", 1)) > 1
+    shardings = state_shardings(model, tx, layout, ema=ema, accumulate=accumulate)
     return shardings, abstract_state(model, tx, shardings), tx, schedule
 
 
-def state_shardings(model: Any, tx: optax.GradientTransformation, layout: Layout) -> PyTree:
-    """Shardings of the train state: parameters by their logical axes, the optimiser state
-    like the parameters it mirrors, the step replicated."""
+def state_shardings(
+    model: Any,
+    tx: optax.GradientTransformation,
+    layout: Layout,
+    ema: bool = False,
+    accumulate: bool = False,
+) -> PyTree:
+    """Shardings of the train state: parameters by their logical axes, the optimiser state,
+    the EMA and the accumulated gradients like the parameters they mirror, the step and the
+    counters replicated."""
     boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), dummy_batch())["params"]
     params = layout.param_shardings(boxed)
     opt_state = jax.eval_shape(tx.init, nn.meta.unbox(boxed))
-    return {
+    shardings = {
         "step": layout.replicated,
         "params": params,
         "opt_state": layout.opt_state_shardings(tx, opt_state, params),
     }
+    if ema:
+        shardings["ema"] = params
+    if accumulate:
+        rep = layout.replicated
+        shardings["accum"] = {"grads": params, "tokens": rep, "micro": rep}
+    return shardings
 
 
 def abstract_state(model: Any, tx: optax.GradientTransformation, shardings: PyTree) -> PyTree:
     """``jax.ShapeDtypeStruct`` leaves of the train state with ``shardings`` (restore target)."""
 
     def init() -> PyTree:
-        return _fresh(tx, nn.meta.unbox(model.init(jax.random.PRNGKey(0), dummy_batch())["params"]))
+        params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), dummy_batch())["params"])
+        return _fresh(tx, params, shardings)
 
     return parallel.abstract(jax.eval_shape(init), shardings)
 
 
-def _fresh(tx: optax.GradientTransformation, params: PyTree) -> PyTree:
-    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+def _fresh(tx: optax.GradientTransformation, params: PyTree, shardings: PyTree) -> PyTree:
+    """A fresh state for ``params`` with the parts ``shardings`` names (EMA, accumulation)."""
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+    if "ema" in shardings:
+        state["ema"] = ema_lib.init(params)
+    if "accum" in shardings:
+        state["accum"] = init_accumulator(params)
+    return state
 
 
 def init_state(
@@ -94,11 +121,11 @@ def init_state(
     ``seed``, or the given host ``params`` (``init_from``) with a fresh optimiser state."""
     if params is not None:
         params = put(params, shardings["params"])
-        return jax.jit(lambda p: _fresh(tx, p), out_shardings=shardings)(params)
+        return jax.jit(lambda p: _fresh(tx, p, shardings), out_shardings=shardings)(params)
 
     def init() -> PyTree:  # the parameters do not depend on the batch's values or size
         variables = model.init(jax.random.PRNGKey(seed), dummy_batch())
-        return _fresh(tx, nn.meta.unbox(variables["params"]))
+        return _fresh(tx, nn.meta.unbox(variables["params"]), shardings)
 
     return jax.jit(init, out_shardings=shardings)()
 

@@ -40,7 +40,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
@@ -63,9 +62,12 @@ from docnmt_jax.models import Metric, Model, build_model
 from docnmt_jax.models.base import reduce_metrics
 from docnmt_jax.objectives import Objective, build_objective
 from docnmt_jax.training import checkpoints, param_mapping
+from docnmt_jax.training import ema as ema_lib
 from docnmt_jax.training import state as train_state
 from docnmt_jax.training.checkpoints import CheckpointError as CheckpointError  # re-exported
 from docnmt_jax.training.checkpoints import NonFiniteError as NonFiniteError  # re-exported
+from docnmt_jax.training.steps import global_norm as optax_global_norm  # noqa: F401
+from docnmt_jax.training.steps import make_steps
 
 PyTree = Any
 EvalHook = Callable[[PyTree, int], dict[str, float]]
@@ -216,76 +218,6 @@ def get_tokenizer(
 # Steps.
 
 
-def make_steps(
-    objective: Objective,
-    tx: Any,
-    schedule: Any,
-    seed: int,
-    layout: parallel.Layout | None = None,
-    shardings: PyTree | None = None,
-):
-    """The jitted ``train_step(state, batch) -> (state, metrics)`` and ``eval_step(params,
-    batch) -> metrics``; the loss and its metrics are the objective's (:class:`Metric` sums,
-    plus the learning rate and gradient norm of the step, and ``bad_steps``: 1 when the loss
-    or the gradient norm is NaN or Inf, a step that then leaves parameters and optimiser state
-    unchanged; the step counter advances).
-
-    With a ``layout`` and the state's ``shardings`` both are compiled for the mesh: batch rows
-    split over ``data x fsdp``, state as ``shardings``, metrics replicated, the models'
-    activation constraints active.
-    """
-    base_key = jax.random.PRNGKey(seed)
-    active = layout.activate if layout is not None else contextlib.nullcontext
-
-    def train_step(state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Metric]]:
-        with active():
-            return _train_step(state, batch)
-
-    def eval_step(params: PyTree, batch: PyTree) -> dict[str, Metric]:
-        with active():
-            return objective.loss(params, batch, None, False)[1]
-
-    def _train_step(state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Metric]]:
-        dropout_rng = jax.random.fold_in(base_key, state["step"])
-
-        def loss_fn(params: PyTree) -> tuple[jax.Array, dict[str, Metric]]:
-            return objective.loss(params, batch, dropout_rng, True)
-
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-        grad_norm = optax_global_norm(grads)
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = jax.tree_util.tree_map(jnp.add, state["params"], updates)
-        # Non-finite guard: a NaN/Inf loss or gradient keeps the old parameters and moments.
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-
-        def keep(new: jax.Array, old: jax.Array) -> jax.Array:
-            return jnp.where(finite, new, old)
-
-        params = jax.tree_util.tree_map(keep, params, state["params"])
-        opt_state = jax.tree_util.tree_map(keep, opt_state, state["opt_state"])
-        one = jnp.ones(())
-        metrics = dict(
-            metrics,
-            lr=Metric(schedule(state["step"]), one),
-            grad_norm=Metric(grad_norm, one),
-            bad_steps=Metric(1.0 - finite.astype(jnp.float32), one, "sum"),
-        )
-        return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
-
-    if layout is None:
-        return jax.jit(train_step, donate_argnums=(0,)), jax.jit(eval_step)
-    rep = layout.replicated
-    return (
-        jax.jit(
-            train_step,
-            in_shardings=(shardings, layout.batch),
-            out_shardings=(shardings, rep),
-            donate_argnums=(0,),
-        ),
-        jax.jit(eval_step, in_shardings=(shardings["params"], layout.batch), out_shardings=rep),
-    )
-
-
 def abstract_batch(
     shape: tuple[int, ...], sharding: Any, context_sentences: int = 0
 ) -> dict[str, jax.ShapeDtypeStruct]:
@@ -332,11 +264,6 @@ def compile_for_shapes(
         return (executable or train_step)(state, batch)
 
     return step
-
-
-def optax_global_norm(tree: PyTree) -> jax.Array:
-    leaves = jax.tree_util.tree_leaves(tree)
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves))
 
 
 def add_metrics(total: dict[str, Metric], new: dict[str, Metric]) -> dict[str, Metric]:
@@ -731,7 +658,14 @@ def train_and_evaluate(
     if restored is not None:
         state, meta = restored
         best_value = meta.get("best_value")
-        runlog.note(f"resumed from step {meta['step']} (data position {meta['data_step']})")
+        runlog.note(
+            f"resumed from step {meta['step']} (data position {meta['data_step']}"
+            + (
+                f", micro-batch {meta['micro']} of {meta['accumulate_steps']})"
+                if meta.get("micro")
+                else ")"
+            )
+        )
     else:
         state = train_state.init_state(model, tx, shardings, tcfg.seed)
     if restored is None and config.get("init_from", ""):
@@ -748,14 +682,31 @@ def train_and_evaluate(
         if jax.process_index() == 0:
             param_mapping.write_table(os.path.join(workdir, "init_from.tsv"), rows)
         state = dict(state, params=params)
+        if "ema" in state:  # the average starts at the initial parameters
+            state["ema"] = jax.jit(ema_lib.init, out_shardings=shardings["ema"])(params)
     start = int(state["step"])
+    k = int(tcfg.get("accumulate_steps", 1))
+    micro = int(jax.device_get(state["accum"]["micro"])) if "accum" in state else 0
+    start_micro = micro
+    # Global batches consumed: the data plan's step, and the checkpoints' numbers (= the
+    # step without accumulation; updates x k + micro-batch with it).
+    position = start * k + micro
     runlog.note(
         f"model {model.name} (objective {objective.name}): {num_params:,} parameters; mesh "
         f"{dict(layout.mesh.shape)} over {jax.device_count()} devices, "
         f"{jax.process_count()} processes; starting at step {start}"
     )
 
-    train_step, eval_step = make_steps(objective, tx, schedule, tcfg.seed, layout, shardings)
+    train_step, eval_step = make_steps(
+        objective,
+        tx,
+        schedule,
+        tcfg.seed,
+        layout,
+        shardings,
+        ema_decay=float(tcfg.get("ema_decay", 0.0)),
+        accumulate_steps=k,
+    )
     if tcfg.get("aot_compile", True):
         train_step = compile_for_shapes(
             train_step, state, shapes, layout, runlog.note, model.context_sentences
@@ -774,15 +725,16 @@ def train_and_evaluate(
                 os.path.join(workdir, "dev_translations"),
             ),
         )
-    dataset = pipeline_lib.make_dataset(train_plan, start_step=start).as_numpy_iterator()
+    dataset = pipeline_lib.make_dataset(train_plan, start_step=position).as_numpy_iterator()
 
     def run_eval(step: int) -> dict[str, float]:
+        params = state.get("ema", state["params"])  # the EMA when the run keeps one
         batches = pipeline_lib.numpy_batches(dev_plan)
         metrics = evaluate_metrics(
-            eval_step, state["params"], (parallel.global_batch(b, layout.batch) for b in batches)
+            eval_step, params, (parallel.global_batch(b, layout.batch) for b in batches)
         )
         for hook in eval_hooks:
-            metrics.update(hook(state["params"], step))
+            metrics.update(hook(params, step))
         return metrics
 
     def save(step: int, dev: dict[str, float] | None, latest: bool = True) -> None:
@@ -792,13 +744,15 @@ def train_and_evaluate(
             is_best = _is_better(dev[tcfg.best_metric], best_value, tcfg.best_mode)
         meta = {
             "step": step,
-            "data_step": step,
+            "data_step": position,
+            "accumulate_steps": k,
+            "micro": micro,
             "dev": dev or {},
             "best_metric": tcfg.best_metric,
             "best_value": dev[tcfg.best_metric] if is_best else best_value,
             "config": json.loads(config.to_json_best_effort()),
         }
-        ckpt.save(step, state, meta, best=is_best, latest=latest)  # never a NaN/Inf state
+        ckpt.save(position, state, meta, best=is_best, latest=latest)  # never a NaN/Inf state
         if is_best:
             best_value = dev[tcfg.best_metric]
 
@@ -844,11 +798,24 @@ def train_and_evaluate(
                     if reason:
                         stopped_by = reason
                         break
-                batch = parallel.global_batch(next(dataset), layout.batch)
-                state, metrics = train_step(state, batch)
+                metrics, reason = {}, ""
+                while True:  # the update's micro-batches (one without accumulation)
+                    batch = parallel.global_batch(next(dataset), layout.batch)
+                    state, batch_metrics = train_step(state, batch)
+                    position, micro = position + 1, (micro + 1) % k
+                    guard.push(step + 1 if k == 1 else position, batch_metrics)
+                    guard.check(keep=1)  # the previous step's flag: this one still runs
+                    metrics = add_metrics(metrics, batch_metrics)
+                    if micro == 0:
+                        break
+                    if jax.process_count() == 1:  # a signal between micro-batches
+                        reason = stop_reason(flag, None, every_process=False)
+                        if reason:
+                            break
+                if micro:  # stopped mid-accumulation: saved as it is, resumed exactly
+                    stopped_by = reason
+                    break
                 step += 1
-                guard.push(step, metrics)
-                guard.check(keep=1)  # the previous step's flag: step `step` is still running
                 window_steps += 1
                 window = add_metrics(window, metrics)
                 if record_losses:
@@ -885,12 +852,15 @@ def train_and_evaluate(
             if stopped_by in STOP_SIGNALS.values():
                 # Preemption: save at once (no dev evaluation, which may take minutes).
                 name = stopped_by.upper()
-                if step == start:
-                    runlog.note(f"{name} at step {step}, before any step of this run: no save")
-                elif step % tcfg.eval_every == 0 or step % tcfg.checkpoint_every == 0:
-                    runlog.note(f"{name} at step {step}: checkpoint {step} is saved already")
+                at = f"step {step}" + (f" (micro-batch {micro} of {k})" if micro else "")
+                if position == start * k + start_micro:
+                    runlog.note(f"{name} at {at}, before any step of this run: no save")
+                elif not micro and (
+                    step % tcfg.eval_every == 0 or step % tcfg.checkpoint_every == 0
+                ):
+                    runlog.note(f"{name} at {at}: checkpoint {position} is saved already")
                 else:
-                    runlog.note(f"{name} at step {step}: saving checkpoint {step}")
+                    runlog.note(f"{name} at {at}: saving checkpoint {position}")
                     save(step, None)
             elif step != start and (step % tcfg.eval_every != 0):
                 dev = run_eval(step)

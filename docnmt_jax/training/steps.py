@@ -1,0 +1,179 @@
+"""The jitted train and eval steps: gradient, optimiser update, the non-finite guard, gradient
+accumulation and the exponential moving average of the parameters.
+
+The train state is ``{step, params, opt_state}``, plus ``ema`` (:mod:`~docnmt_jax.training.ema`)
+with ``train.ema_decay > 0`` and ``accum`` with ``train.accumulate_steps = k > 1``.
+
+**Accumulation.** With ``k > 1`` every call of the train step takes one micro-batch: its
+gradient, weighted by its loss weight (real target tokens), is added to ``accum.grads`` and
+its weight to ``accum.tokens``; the ``k``-th call applies the optimiser to
+``accum.grads / accum.tokens`` -- the gradient of the loss of the ``k`` batches taken together,
+loss normalised over all their tokens -- and only then advances ``step`` (optimiser updates:
+the learning-rate schedule, ``num_steps`` and every ``*_every`` count updates). ``accum.micro``
+is the position inside the accumulation, so a checkpoint taken between micro-batches resumes
+exactly. Micro-batch ``m`` of update ``s`` draws its dropout from ``fold_in(fold_in(key, s),
+m)``. A micro-batch whose loss or gradient is NaN/Inf adds nothing (it counts in
+``bad_steps``); an update whose micro-batches all were bad leaves parameters, moments and EMA
+as they were. ``k = 1`` is the plain step: one batch, one update, dropout ``fold_in(key, s)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from docnmt_jax import parallel
+from docnmt_jax.models import Metric
+from docnmt_jax.objectives import Objective
+from docnmt_jax.training import ema as ema_lib
+
+PyTree = Any
+Step = Callable[[PyTree, PyTree], tuple[PyTree, dict[str, Metric]]]
+
+
+def global_norm(tree: PyTree) -> jax.Array:
+    leaves = jax.tree_util.tree_leaves(tree)
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves))
+
+
+def init_accumulator(params: PyTree) -> dict[str, Any]:
+    """The empty accumulation: zero gradient sums, no tokens, at micro-batch 0."""
+    return {
+        "grads": jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params),
+        "tokens": jnp.zeros((), jnp.float32),
+        "micro": jnp.zeros((), jnp.int32),
+    }
+
+
+def _where(flag: jax.Array, new: PyTree, old: PyTree) -> PyTree:
+    return jax.tree_util.tree_map(lambda n, o: jnp.where(flag, n, o), new, old)
+
+
+def make_train_step(
+    objective: Objective,
+    tx: Any,
+    schedule: Any,
+    seed: int,
+    ema_decay: float = 0.0,
+    accumulate_steps: int = 1,
+) -> Step:
+    """``train_step(state, batch) -> (state, metrics)`` (not jitted); see the module docstring.
+    Metrics: the objective's, ``lr`` and ``grad_norm`` of the update (the applied mean gradient
+    with accumulation), ``bad_steps`` (1 for a NaN/Inf loss or gradient)."""
+    base_key = jax.random.PRNGKey(seed)
+    k = int(accumulate_steps)
+    if k < 1:
+        raise ValueError(f"config.train.accumulate_steps must be >= 1, got {k}")
+
+    def gradient(state: PyTree, batch: PyTree, rng: jax.Array) -> tuple:
+        def loss_fn(params: PyTree) -> tuple[jax.Array, dict[str, Metric]]:
+            return objective.loss(params, batch, rng, True)
+
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        finite = jnp.isfinite(loss) & jnp.isfinite(global_norm(grads))
+        return grads, metrics, finite
+
+    def apply(state: PyTree, grads: PyTree, ok: jax.Array) -> tuple[PyTree, jax.Array]:
+        """The optimiser update with ``grads`` where ``ok`` (else the state unchanged)."""
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = jax.tree_util.tree_map(jnp.add, state["params"], updates)
+        new = dict(state, params=_where(ok, params, state["params"]))
+        new["opt_state"] = _where(ok, opt_state, state["opt_state"])
+        if "ema" in state:
+            moved = ema_lib.update(state["ema"], new["params"], ema_decay, state["step"] + 1)
+            new["ema"] = _where(ok, moved, state["ema"])
+        return new, global_norm(grads)
+
+    def plain_step(state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Metric]]:
+        rng = jax.random.fold_in(base_key, state["step"])
+        grads, metrics, finite = gradient(state, batch, rng)
+        new, grad_norm = apply(state, grads, finite)
+        one = jnp.ones(())
+        new["step"] = state["step"] + 1
+        return new, dict(
+            metrics,
+            lr=Metric(schedule(state["step"]), one),
+            grad_norm=Metric(grad_norm, one),
+            bad_steps=Metric(1.0 - finite.astype(jnp.float32), one, "sum"),
+        )
+
+    def accumulating_step(state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Metric]]:
+        accum = state["accum"]
+        rng = jax.random.fold_in(jax.random.fold_in(base_key, state["step"]), accum["micro"])
+        grads, metrics, finite = gradient(state, batch, rng)
+        weight = jnp.where(finite, metrics["loss"].weight.astype(jnp.float32), 0.0)
+        summed = jax.tree.map(
+            lambda a, g: a + jnp.where(finite, g.astype(jnp.float32) * weight, 0.0),
+            accum["grads"],
+            grads,
+        )
+        tokens = accum["tokens"] + weight
+        last = accum["micro"] == k - 1
+
+        def update(_: None) -> tuple[PyTree, jax.Array]:
+            mean = jax.tree.map(lambda g: g / jnp.maximum(tokens, 1e-9), summed)
+            held = dict(state, accum=init_accumulator(state["params"]))
+            new, norm = apply(held, mean, tokens > 0)
+            return dict(new, step=state["step"] + 1), norm
+
+        def hold(_: None) -> tuple[PyTree, jax.Array]:
+            micro = accum["micro"] + 1
+            accumulated = {"grads": summed, "tokens": tokens, "micro": micro}
+            return dict(state, accum=accumulated), jnp.zeros((), jnp.float32)
+
+        new, grad_norm = jax.lax.cond(last, update, hold, None)
+        updated = last.astype(jnp.float32)
+        return new, dict(
+            metrics,
+            lr=Metric(schedule(state["step"]), jnp.ones(())),
+            grad_norm=Metric(jnp.asarray(grad_norm, jnp.float32) * updated, updated),
+            bad_steps=Metric(1.0 - finite.astype(jnp.float32), jnp.ones(()), "sum"),
+        )
+
+    return plain_step if k == 1 else accumulating_step
+
+
+def make_steps(
+    objective: Objective,
+    tx: Any,
+    schedule: Any,
+    seed: int,
+    layout: parallel.Layout | None = None,
+    shardings: PyTree | None = None,
+    ema_decay: float = 0.0,
+    accumulate_steps: int = 1,
+) -> tuple[Any, Any]:
+    """The jitted ``train_step(state, batch) -> (state, metrics)`` (old state donated) and
+    ``eval_step(params, batch) -> metrics`` (the objective's metric sums).
+
+    With a ``layout`` and the state's ``shardings`` both are compiled for the mesh: batch rows
+    split over ``data x fsdp``, state as ``shardings``, metrics replicated, the models'
+    activation constraints active.
+    """
+    active = layout.activate if layout is not None else contextlib.nullcontext
+    step_fn = make_train_step(objective, tx, schedule, seed, ema_decay, accumulate_steps)
+
+    def train_step(state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Metric]]:
+        with active():
+            return step_fn(state, batch)
+
+    def eval_step(params: PyTree, batch: PyTree) -> dict[str, Metric]:
+        with active():
+            return objective.loss(params, batch, None, False)[1]
+
+    if layout is None:
+        return jax.jit(train_step, donate_argnums=(0,)), jax.jit(eval_step)
+    rep = layout.replicated
+    return (
+        jax.jit(
+            train_step,
+            in_shardings=(shardings, layout.batch),
+            out_shardings=(shardings, rep),
+            donate_argnums=(0,),
+        ),
+        jax.jit(eval_step, in_shardings=(shardings["params"], layout.batch), out_shardings=rep),
+    )
