@@ -9,9 +9,10 @@ sentences; the translator reports how often their count differs from the source'
 
 import ml_collections
 
-from docnmt_jax.config_files import sibling_config
+from docnmt_jax.config_files import paper_variant, sibling_config
 
 
+@paper_variant
 def get_config() -> ml_collections.ConfigDict:
     config = sibling_config(__file__, "transformer.py")
     config.model.name = "doc2doc"  # docnmt_jax/models/concat.py

@@ -16,10 +16,11 @@ pipeline adds them across chunk boundaries. Ablations: ``configs/doct_ablations.
 
 import ml_collections
 
-from docnmt_jax.config_files import sibling_config
+from docnmt_jax.config_files import paper_variant, sibling_config
 from docnmt_jax.models.doct import SENTENCE_PARAMETERS
 
 
+@paper_variant
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
     if variant not in ("", "two_step"):
         raise ValueError(f"configs/doct.py: unknown variant {variant!r}; variants: two_step")

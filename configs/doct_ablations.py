@@ -9,7 +9,7 @@ training from scratch unless it says so) need ``--config.init_from`` a sentence 
 
 import ml_collections
 
-from docnmt_jax.config_files import sibling_config
+from docnmt_jax.config_files import paper_variant, sibling_config
 
 #: Row -> (configs/doct.py variant, model switches).
 ROWS: dict[str, tuple[str, dict]] = {
@@ -25,6 +25,7 @@ ROWS: dict[str, tuple[str, dict]] = {
 }
 
 
+@paper_variant
 def get_config(row: str = "joint") -> ml_collections.ConfigDict:
     name, _, size = row.partition("@")
     if name not in ROWS or size not in ("", "base"):

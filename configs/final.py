@@ -7,9 +7,10 @@ sentence by sentence with the previous target sentence as Transformer-XL memory.
 
 import ml_collections
 
-from docnmt_jax.config_files import sibling_config
+from docnmt_jax.config_files import paper_variant, sibling_config
 
 
+@paper_variant
 def get_config() -> ml_collections.ConfigDict:
     config = sibling_config(__file__, "transformer.py")
     config.model.name = "final"  # docnmt_jax/models/final.py

@@ -8,9 +8,10 @@ switches included, is ``configs/final.py``. Train:
 
 import ml_collections
 
-from docnmt_jax.config_files import BASE_SIZE, sibling_config
+from docnmt_jax.config_files import BASE_SIZE, paper_variant, sibling_config
 
 
+@paper_variant
 def get_config() -> ml_collections.ConfigDict:
     config = sibling_config(__file__, "final.py")
     config.model.update(BASE_SIZE)

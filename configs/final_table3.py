@@ -16,7 +16,7 @@ of ``docnmt_jax/models/final.py``).
 
 import ml_collections
 
-from docnmt_jax.config_files import sibling_config
+from docnmt_jax.config_files import paper_variant, sibling_config
 
 _SWITCHES_OFF: dict[str, bool | str] = dict(
     doc2sent=False,  # lower encoder layers attend over the whole chunk as one sequence
@@ -59,6 +59,7 @@ TABLE3_SWITCHES: dict[str, dict[str, bool | str]] = {
 }
 
 
+@paper_variant
 def get_config(row: str = "final") -> ml_collections.ConfigDict:
     if row not in TABLE3_SWITCHES:
         raise ValueError(

@@ -20,11 +20,12 @@ documents, however long). Ablations: ``configs/hmgdc_ablations.py``; paper size:
 
 import ml_collections
 
-from docnmt_jax.config_files import sibling_config
+from docnmt_jax.config_files import paper_variant, sibling_config
 
 VARIANTS = ("", "finetune")
 
 
+@paper_variant
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
     if variant not in VARIANTS:
         raise ValueError(f"configs/hmgdc.py: unknown variant {variant!r}; variants: finetune")

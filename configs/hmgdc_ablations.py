@@ -11,7 +11,7 @@ chunk of ``data.max_sentences``, not the whole document); ``ROW@base`` for the p
 
 import ml_collections
 
-from docnmt_jax.config_files import sibling_config
+from docnmt_jax.config_files import paper_variant, sibling_config
 
 PLACES = {
     "encoder": {"context_in_encoder": True, "context_in_decoder": False},
@@ -30,6 +30,7 @@ ROWS: dict[str, dict] = {
 }
 
 
+@paper_variant
 def get_config(row: str = "both_n1") -> ml_collections.ConfigDict:
     name, _, size = row.partition("@")
     if name not in ROWS or size not in ("", "base"):

@@ -11,9 +11,10 @@ sentence Transformer (the context attention, gate and FF fresh).
 
 import ml_collections
 
-from docnmt_jax.config_files import sibling_config
+from docnmt_jax.config_files import paper_variant, sibling_config
 
 
+@paper_variant
 def get_config() -> ml_collections.ConfigDict:
     config = sibling_config(__file__, "transformer.py")
     config.model.name = "jean_cho"  # docnmt_jax/models/jean_cho.py

@@ -10,9 +10,10 @@ trainer does not offer. Model: ``docnmt_jax/models/rnnsearch.py``.
 
 import ml_collections
 
-from docnmt_jax.config_files import sibling_config
+from docnmt_jax.config_files import paper_variant, sibling_config
 
 
+@paper_variant
 def get_config() -> ml_collections.ConfigDict:
     config = sibling_config(__file__, "transformer.py")
     config.model = ml_collections.ConfigDict()  # the Transformer's keys do not apply

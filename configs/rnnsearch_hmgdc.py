@@ -15,9 +15,10 @@ Model: ``docnmt_jax/models/rnnsearch.py``.
 
 import ml_collections
 
-from docnmt_jax.config_files import sibling_config
+from docnmt_jax.config_files import paper_variant, sibling_config
 
 
+@paper_variant
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
     if variant not in ("", "two_step"):
         raise ValueError(

@@ -8,7 +8,10 @@ import math
 
 import ml_collections
 
+from docnmt_jax.config_files import paper_variant
 
+
+@paper_variant
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
 

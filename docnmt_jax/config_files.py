@@ -8,8 +8,10 @@ as a package, hence this helper. ``PATH:ARG`` calls ``get_config(ARG)``, as ``--
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+from collections.abc import Callable
 from types import ModuleType
 
 import ml_collections
@@ -37,6 +39,47 @@ def load_config(path: str) -> ml_collections.ConfigDict:
 def sibling_config(config_file: str, name: str) -> ml_collections.ConfigDict:
     """``get_config()`` of ``name`` (e.g. ``"final.py"``) in the directory of ``config_file``."""
     return load_config(os.path.join(os.path.dirname(os.path.abspath(config_file)), name))
+
+
+#: The papers' training settings (``configs/X.py:paper``): post-LayerNorm, Vaswani et al.
+#: (2017)'s inverse-sqrt schedule with 8,000 warm-up steps and the d_model-scaled peak, no
+#: gradient clipping, no parameter average.
+PAPER_TRAINING = {
+    "model.pre_ln": False,
+    "train.warmup_steps": 8000,
+    "train.lr_scale": 1.0,
+    "train.learning_rate": 0.0,
+    "train.clip_norm": 0.0,
+    "train.ema_decay": 0.0,
+}
+PAPER = "paper"
+
+
+def paper_training(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """``config`` with :data:`PAPER_TRAINING` (keys the config lacks, e.g. ``model.pre_ln``
+    of a recurrent model, are left out)."""
+    for key, value in PAPER_TRAINING.items():
+        section, name = key.split(".")
+        if name in config[section]:
+            config[section][name] = value
+    return config
+
+
+def paper_variant(
+    get_config: Callable[..., ml_collections.ConfigDict],
+) -> Callable[..., ml_collections.ConfigDict]:
+    """Lets a config file's ``get_config`` take ``paper`` among its comma-separated
+    arguments (``final.py:paper``, ``doct.py:two_step,paper``): the config of the other
+    arguments (or of none: the file's default) with the papers' training settings."""
+
+    @functools.wraps(get_config)
+    def with_paper(arg: str = "") -> ml_collections.ConfigDict:
+        parts = [p for p in arg.split(",") if p] if arg else []
+        rest = ",".join(p for p in parts if p != PAPER)
+        config = get_config(rest) if rest else get_config()
+        return paper_training(config) if PAPER in parts else config
+
+    return with_paper
 
 
 #: Vaswani et al. (2017)'s base model: the size of the papers' larger-corpus settings

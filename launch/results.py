@@ -196,7 +196,8 @@ def header(args: argparse.Namespace, settings: R.Settings, plan: R.Plan) -> str:
             f"{settings.warmup_steps}, learning-rate scale {settings.lr_scale}, one sentencepiece "
             f"model ({settings.vocab_size} pieces) for every row, seed 0 unless stated, latest "
             "checkpoint. Pretrain→finetune rows start from the sentence Transformer row and then "
-            "get the same budget again (twice the tokens in all)."
+            "get the same budget again (twice the tokens in all). Training recipes at this "
+            "budget, chosen on dev: [`recipe_study.md`](recipe_study.md)."
             + (
                 " Not converged: a CPU budget; differences within the seed spread below mean "
                 "nothing."

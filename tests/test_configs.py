@@ -160,3 +160,29 @@ def test_hmgdc_finetune_restores_theta_s_and_trains_everything():
     assert config.init_from_rules == "all" and tuple(config.train.freeze) == ()
     with pytest.raises(ValueError, match="unknown row 'both_n9'"):
         load_config(f"{HMGDC_ABLATIONS}:both_n9")
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=os.path.basename)
+def test_paper_variant_sets_the_papers_training_and_nothing_else(path):
+    from docnmt_jax.config_files import PAPER_TRAINING
+
+    plain, paper = load_config(path), load_config(path + ":paper")
+    flat = lambda c: {  # noqa: E731
+        f"{s}.{k}": v for s in ("model", "train", "data") for k, v in c[s].items()
+    }
+    before, after = flat(plain), flat(paper)
+    changed = {k for k in before if before[k] != after[k]}
+    assert changed <= set(PAPER_TRAINING)
+    for key, value in PAPER_TRAINING.items():
+        if key in after:
+            assert after[key] == value, key
+    assert after["train.warmup_steps"] == 8000
+    if "model.pre_ln" in after:
+        assert after["model.pre_ln"] is False
+
+
+def test_paper_variant_combines_with_a_files_own_argument():
+    config = load_config(os.path.join(ROOT, "configs", "doct.py:two_step,paper"))
+    assert config.train.freeze == (SENTENCE_PARAMETERS,) and config.train.warmup_steps == 8000
+    config = load_config(os.path.join(ROOT, "configs", "final_table3.py:doc2sent,paper"))
+    assert config.model.doc2sent and config.train.lr_scale == 1.0
