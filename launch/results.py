@@ -33,6 +33,7 @@ from docnmt_jax.data import readers
 from docnmt_jax.data.documents import write_tsv
 from docnmt_jax.errors import RunNotFoundError
 from docnmt_jax.evaluation import results as R
+from docnmt_jax.evaluation.results_significance import paired_rows
 from docnmt_jax.files import log_line, write_atomic
 
 QUICK_DOCS = {"train": 60, "dev": 3, "test": 4}  # shortest chapters per split (--quick)
@@ -482,7 +483,12 @@ def main(argv: list[str] | None = None) -> int:
     def write_report() -> str:
         """The report of every record saved so far (after each row and at the end)."""
         records = load_records(row_list, settings, budget)
-        text, payload = R.report(row_list, records, settings, header(args, settings, plan))
+        paired = paired_rows(
+            row_list, settings.row_dir, plan.test, R.read_record, R.write_record
+        )
+        text, payload = R.report(
+            row_list, records, settings, header(args, settings, plan), paired
+        )
         body = json.dumps(payload, indent=2, default=float) + "\n"
         write_atomic(os.path.join(settings.out, "results.md"), text)
         write_atomic(os.path.join(settings.out, "results.json"), body)

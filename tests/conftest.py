@@ -63,6 +63,27 @@ def one_step_run(synthetic_dir, tmp_path_factory):
     return workdir
 
 
+#: Six different sentence pairs of a made-up language (step-level tests).
+TINY_PAIRS = [
+    ("a b c", "x y z"),
+    ("b c d e", "y z w v"),
+    ("c a", "z x"),
+    ("d d b", "w w y"),
+    ("e a c b", "v x z y"),
+    ("a e", "x v"),
+]
+
+#: A one-layer, dropout-free Transformer for step-level tests.
+TINY_TRANSFORMER = {
+    "d_model": 32,
+    "num_heads": 2,
+    "ffn_dim": 64,
+    "num_encoder_layers": 1,
+    "num_decoder_layers": 1,
+    "dropout_rate": 0.0,
+}
+
+
 def tiny_config(data_dir: str, **train_overrides):
     """The transformer config shrunk to seconds-per-run size, reading ``data_dir``."""
     from docnmt_jax.config_files import load_config

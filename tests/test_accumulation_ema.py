@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from conftest import tiny_config
+from conftest import TINY_PAIRS, TINY_TRANSFORMER, tiny_config
 
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.pipeline import PipelineConfig, numpy_batches
@@ -20,14 +20,7 @@ from docnmt_jax.objectives import build_objective
 from docnmt_jax.training import ema as ema_lib
 from docnmt_jax.training import optim, restore, steps, trainer
 
-PAIRS = [
-    ("a b c", "x y z"),
-    ("b c d e", "y z w v"),
-    ("c a", "z x"),
-    ("d d b", "w w y"),
-    ("e a c b", "v x z y"),
-    ("a e", "x v"),
-]
+PAIRS = TINY_PAIRS
 
 
 def _grid_batch_and_model():
@@ -41,14 +34,7 @@ def _grid_batch_and_model():
     config = PipelineConfig(sentence_level=True, shuffle=False, num_epochs=1, pad_batch=True)
     batch = _rows(next(numpy_batches(docs, encode, config)), 0, len(PAIRS))
     assert batch["src_mask"].sum(axis=(1, 2)).min() > 0  # six real pairs
-    model_cfg = {
-        "d_model": 32,
-        "num_heads": 2,
-        "ffn_dim": 64,
-        "num_encoder_layers": 1,
-        "num_decoder_layers": 1,
-        "dropout_rate": 0.0,
-    }
+    model_cfg = TINY_TRANSFORMER
     model = build_model(model_cfg, vocab_size=len(vocab) + 4)
     params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch)["params"])
     return batch, model, params

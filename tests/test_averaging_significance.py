@@ -26,22 +26,16 @@ def three_checkpoints(synthetic_dir, tmp_path_factory):
     return workdir
 
 
+def _average(workdir, last):
+    """``launch/average_checkpoints.py --workdir WORKDIR --last N`` in a subprocess."""
+    script = os.path.join(ROOT, "launch", "average_checkpoints.py")
+    cmd = [sys.executable, script, "--workdir", workdir, "--last", str(last)]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
 def test_average_is_the_mean_of_the_last_checkpoints(three_checkpoints):
     workdir = three_checkpoints
-    out = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "launch", "average_checkpoints.py"),
-            "--workdir",
-            workdir,
-            "--last",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
+    out = _average(workdir, 3)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "averaged steps 2, 3, 4" in out.stdout
     trees = []
@@ -64,20 +58,7 @@ def test_average_is_the_mean_of_the_last_checkpoints(three_checkpoints):
 
 
 def test_averaging_more_than_kept_is_a_one_line_error(three_checkpoints):
-    out = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "launch", "average_checkpoints.py"),
-            "--workdir",
-            three_checkpoints,
-            "--last",
-            "5",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
+    out = _average(three_checkpoints, 5)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "keep_checkpoints" in lines[0] and "holds 3 steps" in lines[0]

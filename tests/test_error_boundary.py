@@ -147,7 +147,7 @@ def test_translate_mistakes(one_step_run, mismatched_run, synthetic_dir, tmp_pat
         _case("missing step", [run, "--checkpoint=999", f"--input={good_in}", f"--output={out}"],
               "no checkpoint at step 999", out),
         _case("bad checkpoint", [run, "--checkpoint=last", f"--input={good_in}",
-              f"--output={out}"], "--checkpoint must be best, latest, averaged or a step number", out),
+              f"--output={out}"], "--checkpoint must be best, latest, averaged or a step", out),
         _case("missing input", [run, f"--input={tmp_path}/none.tsv", f"--output={out}"],
               "none.tsv: no such file", out),
         _case("empty input", [run, f"--input={empty}", f"--output={out}"], "no documents", out),

@@ -341,16 +341,8 @@ def test_report_ratios_spread_and_goals(tmp_path):
     assert "missed by 0.50" in text
     assert "every document model's Δ_BLEU > 0: 4 of 5 rows; not: jean_cho_margin -0.10" in text
     assert "(jean_cho_margin against jean_cho): -0.10 against +0.30 — does not hold" in text
-    # Beyond twice the larger seed sd (2 x 1.0): FINAL's +2.00 is not; jean_cho's -2.00 is not.
-    assert "larger seed spread: none" in text
-    # FINAL by its seed mean: 12.5, 14.5, 15 -> mean 14, sd sqrt(1.75) = 1.32, width 2.65;
-    # +3.00 exceeds it although seed 0 alone (+1.50) does not.
-    seeded = dict(records)
-    for name, value in (("final", 12.5), ("final_seed1", 14.5), ("final_seed2", 15.0)):
-        seeded[name] = _record(value, 15.0, delta=0.5, params=1300, tok_s=100.0, sent_s=5.0)
-    seeded_text, _ = R.report(rows, seeded, settings, "# header")
-    assert "s-BLEU differences" in seeded_text
-    assert "larger seed spread: final (+3.00, seed mean)" in seeded_text
+    assert "Paired significance against the same-token control" in text
+    assert "not measured yet (a row and its control need their test translations)" in text
     assert "Rows not yet complete: final_finetuned." in text
     assert "BLEU|sig" in text and "chrF|sig" in text
     assert math.isclose(numbers["jean_cho"]["random_bleu"], 8.7)
@@ -358,7 +350,6 @@ def test_report_ratios_spread_and_goals(tmp_path):
     one_seed = {k: v for k, v in records.items() if "_seed" not in k}
     text, _ = R.report(rows, one_seed, settings, "# header")
     assert "transformer (1 seed): s-BLEU 10.00 ± –" in text
-    assert "larger seed spread: not known until" in text
 
 
 def test_a_finetune_row_is_compared_with_the_transformer_trained_as_long(tmp_path):
@@ -380,3 +371,86 @@ def test_a_finetune_row_is_compared_with_the_transformer_trained_as_long(tmp_pat
     assert "hmgdc_finetuned against `transformer_continued` (the same tokens in all): " in text
     assert "s-BLEU +0.75, d-BLEU -1.50" in text
     assert "every document model's Δ_BLEU > 0: 1 of 1 rows" in text
+
+
+def test_document_rows_are_tested_against_their_same_token_controls(tmp_path):
+    from docnmt_jax.data.documents import Document
+    from docnmt_jax.evaluation import significance
+    from docnmt_jax.evaluation.results_significance import control_of, paired_rows
+
+    rows = R.select_rows(
+        "transformer,transformer_seed1,final,final_seed1,final_finetuned,transformer_continued,"
+        "rnnsearch,rnnsearch_hmgdc",
+        (0, 1),
+    )
+    names = [r.name for r in rows]
+    controls = {r.name: control_of(r, names) for r in rows}
+    assert controls == {
+        "transformer": None,
+        "transformer_seed1": None,
+        "final": "transformer",
+        "final_seed1": "transformer_seed1",
+        "final_finetuned": "transformer_continued",
+        "transformer_continued": None,
+        "rnnsearch": None,
+        "rnnsearch_hmgdc": "rnnsearch",
+    }
+    words = "in the beginning god created the heaven and the earth".split()
+
+    def sentence(start, n):
+        return " ".join(words[(start + j) % len(words)] for j in range(n))
+
+    refs = [
+        Document(
+            f"Gen.{c}",
+            tuple(sentence(c + i, 6) for i in range(5)),
+            tuple(sentence(c * i, 7) for i in range(5)),
+        )
+        for c in range(1, 5)
+    ]
+    row_dir = lambda name: str(tmp_path / name)  # noqa: E731
+
+    def write(name, drop):
+        os.makedirs(row_dir(name), exist_ok=True)
+        with open(os.path.join(row_dir(name), "test.hyp.tsv"), "w") as f:
+            f.write("doc_id\thyp\n")
+            for d in refs:
+                for i, t in enumerate(d.tgt):
+                    f.write(
+                        d.doc_id
+                        + "\t"
+                        + " ".join(t.split()[: len(t.split()) - drop - i % 2])
+                        + "\n"
+                    )
+
+    write("transformer", 3)
+    write("final", 1)
+    write("final_finetuned", 2)  # its control has no translations: not tested
+    paired = paired_rows(rows, row_dir, refs, R.read_record, R.write_record)
+    assert set(paired) == {"final"}
+    want = significance.paired_documents(
+        *[
+            [
+                [
+                    ln.split("\t")[1]
+                    for ln in open(os.path.join(row_dir(n), "test.hyp.tsv")).read().splitlines()[1:]
+                    if ln.startswith(d.doc_id + "\t")
+                ]
+                for d in refs
+            ]
+            for n in ("final", "transformer")
+        ],
+        [list(d.tgt) for d in refs],
+    )
+    assert paired["final"]["bs"]["s_bleu"]["p_value"] == want["bs"]["s_bleu"]["p_value"]
+    assert paired["final"]["ar"]["d_bleu"]["p_value"] == want["ar"]["d_bleu"]["p_value"]
+    assert paired["final"]["documents"] == 4 and paired["final"]["sentences"] == 20
+    # Cached by content: a second call reads paired.json; a changed hypothesis file recomputes.
+    stamp = os.path.getmtime(os.path.join(row_dir("final"), "paired.json"))
+    paired_rows(rows, row_dir, refs, R.read_record, R.write_record)
+    assert os.path.getmtime(os.path.join(row_dir("final"), "paired.json")) == stamp
+    text, payload = R.report(rows, {}, R.quick_settings(str(tmp_path), "d"), "# h", paired)
+    assert "1 comparisons" in text and "| `final` | `transformer` |" in text
+    assert next(r for r in payload["rows"] if r["name"] == "final")["paired"]["control"] == (
+        "transformer"
+    )

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT, tiny_config
+from conftest import ROOT, TINY_PAIRS, TINY_TRANSFORMER, tiny_config
 
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.pipeline import PipelineConfig, numpy_batches
@@ -28,26 +28,12 @@ def _word_encoder(vocab):
 
 
 def test_tiny_model_overfits_a_handful_of_pairs():
-    pairs = [
-        ("a b c", "x y z"),
-        ("b c d e", "y z w v"),
-        ("c a", "z x"),
-        ("d d b", "w w y"),
-        ("e a c b", "v x z y"),
-        ("a e", "x v"),
-    ]
+    pairs = TINY_PAIRS
     docs = [Document(f"d{i}", (s,), (t,)) for i, (s, t) in enumerate(pairs)]
     vocab: dict[str, int] = {}
     config = PipelineConfig(sentence_level=True, shuffle=False, num_epochs=1, pad_batch=True)
     batch = next(numpy_batches(docs, _word_encoder(vocab), config))
-    model_cfg = {
-        "d_model": 32,
-        "num_heads": 2,
-        "ffn_dim": 64,
-        "num_encoder_layers": 1,
-        "num_decoder_layers": 1,
-        "dropout_rate": 0.0,
-    }
+    model_cfg = TINY_TRANSFORMER
     task = build_model(model_cfg, vocab_size=len(vocab) + 4)
     params = nn.meta.unbox(task.init(jax.random.PRNGKey(0), batch)["params"])
     tx, schedule = optim.make_optimizer(32, warmup_steps=30, lr_scale=0.5)

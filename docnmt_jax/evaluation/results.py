@@ -776,26 +776,6 @@ def goals(numbers: dict[str, dict[str, Any]], row_list: Sequence[Row]) -> list[s
     return lines
 
 
-def exceeds_spread(numbers: dict[str, dict[str, Any]], key: str) -> list[str]:
-    """Rows whose ``key`` differs from the Transformer's seed mean by more than twice the
-    larger of the two seed spreads (Transformer, FINAL); a row with seed rows of its own
-    (FINAL) is compared by its seed mean."""
-    t_mean, t_sd = seed_spread(numbers, "transformer", key)
-    _, f_sd = seed_spread(numbers, "final", key)
-    width = 2 * max(t_sd, f_sd)
-    if math.isnan(t_mean) or math.isnan(width):
-        return []
-    out = []
-    for name, n in numbers.items():
-        if "_seed" in name or name == "transformer" or n.get(key) is None:
-            continue
-        seeded = seed_count(numbers, name) > 1
-        diff = seed_spread(numbers, name, key)[0] - t_mean  # one seed: its own value
-        if abs(diff) > width:
-            out.append(f"{name} ({diff:+.2f}{', seed mean' if seeded else ''})")
-    return out
-
-
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("s_bleu", "s-BLEU", ".2f"),
     ("d_bleu", "d-BLEU", ".2f"),
@@ -843,9 +823,14 @@ def report(
     records: dict[str, dict[str, Any]],
     settings: Settings,
     header: str,
+    paired: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """The markdown report and its JSON: the table, the seed spreads, which differences
-    exceed them, the quality goals, the signatures."""
+    """The markdown report and its JSON: the table, the seed spreads, the paired
+    significance of each document row against its same-token control (``paired``:
+    :func:`~docnmt_jax.evaluation.results_significance.paired_rows`), the quality goals, the
+    signatures."""
+    from docnmt_jax.evaluation.results_significance import significance_lines
+
     numbers = {row.name: row_numbers(records.get(row.name, {})) for row in row_list}
     for row in row_list:  # rows sharing an architecture share its synthetic accuracy
         if numbers[row.name]["synthetic"] is None and row.base in numbers:
@@ -860,18 +845,8 @@ def report(
             cells.append(f"{title} {_fmt(mean)} ± {_fmt(sd)}")
         seeds = seed_count(numbers, base)
         lines.append(f"- {base} ({seeds} seed{'s' if seeds != 1 else ''}): " + ", ".join(cells))
-    measured = all(seed_count(numbers, base) > 1 for base in SEEDED)
-    for key, title in (("s_bleu", "s-BLEU"), ("d_bleu", "d-BLEU")):
-        beyond = exceeds_spread(numbers, key)
-        lines.append(
-            f"- {title} differences from the Transformer's seed mean larger than twice the "
-            "larger seed spread: "
-            + (
-                (", ".join(beyond) if beyond else "none")
-                if measured
-                else "not known until the Transformer and FINAL each have two seeds or more"
-            )
-        )
+    lines += ["", "**Paired significance against the same-token control:**", ""]
+    lines += significance_lines(paired or {})
     lines += ["", "**Quality goals** (issue 21, item 4):"] + (
         goals(numbers, row_list) or ["- not measured yet"]
     )
@@ -904,6 +879,7 @@ def report(
                 "seed": r.seed,
                 "init_from": r.init_from,
                 "numbers": numbers[r.name],
+                "paired": (paired or {}).get(r.name),
                 "records": records.get(r.name, {}),
             }
             for r in row_list
