@@ -110,6 +110,46 @@ RECIPES: tuple[Recipe, ...] = (
 )
 
 
+def follow_ups(best: Recipe, second: Recipe) -> tuple[Recipe, ...]:
+    """The rows that take the two recipes chosen on dev further: each continued to ~4 epochs
+    (3x the budget; EMA and the average of the last 5 checkpoints measured beside the last
+    one); FINAL under the best recipe from scratch, and finetuned from the best row's
+    Transformer (source & target TL) beside that Transformer continued for the same tokens
+    (its same-token control)."""
+    longer = tuple(
+        dataclasses.replace(
+            r,
+            name=f"{r.name}_4ep",
+            description=f"{r.name} continued to ~4 epochs (3x the budget)",
+            budget=3.0,
+            average=5,
+        )
+        for r in (best, second)
+    )
+    finetune = (("init_from_rules", "all"),)
+    return longer + (
+        Recipe(
+            f"final_{best.name}",
+            f"FINAL from scratch under {best.name}",
+            best.overrides,
+            config=FINAL,
+        ),
+        Recipe(
+            f"final_finetuned_{best.name}",
+            f"FINAL finetuned from {best.name}'s Transformer (source & target TL)",
+            best.overrides + finetune,
+            config=FINAL,
+            init_from=best.name,
+        ),
+        Recipe(
+            f"transformer_continued_{best.name}",
+            f"{best.name}'s Transformer continued for the finetune budget (its control)",
+            best.overrides + finetune,
+            init_from=best.name,
+        ),
+    )
+
+
 def select(names: str) -> list[Recipe]:
     """The rows named in the comma-separated ``names`` (all when empty); an unknown name is a
     one-line error."""

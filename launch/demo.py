@@ -150,8 +150,6 @@ def bible(args: argparse.Namespace) -> tuple[dict, dict, dict]:
             f"--config.data.data_dir={args.data_dir}",
             f"--config.train.time_budget_minutes={args.train_minutes}",
             "--config.train.num_steps=100000",
-            "--config.train.warmup_steps=400",
-            "--config.train.lr_scale=0.5",
             "--config.train.dev_bleu=False",
             "--config.train.best_metric=dev_loss",
             "--config.train.best_mode=min",

@@ -156,6 +156,19 @@ def row_steps(row: R.Row, settings: R.Settings, plan: R.Plan) -> float:
     return per_step
 
 
+def recipe_words(settings: R.Settings) -> str:
+    """How the rows' training recipe is set, for the report's header."""
+    if settings.warmup_steps is None and settings.lr_scale is None:
+        return (
+            "Every row trains with its config's defaults (the recipe chosen on dev by the "
+            "recipe study, [`recipe_study.md`](recipe_study.md)); a row at a lower rate says so."
+        )
+    return (
+        f"Every row's warm-up {settings.warmup_steps} and learning-rate scale "
+        f"{settings.lr_scale} replace its config's (a run of a few steps)."
+    )
+
+
 def header(args: argparse.Namespace, settings: R.Settings, plan: R.Plan) -> str:
     import jax
 
@@ -193,9 +206,10 @@ def header(args: argparse.Namespace, settings: R.Settings, plan: R.Plan) -> str:
             f"sentence-Transformer steps ({plan.reference_tokens_per_step:,.0f} a step, "
             f"{budget / 1e6:.2f}M tokens, {budget / max(plan.epoch_tokens, 1):.2f} epochs of "
             f"{plan.epoch_tokens:,} training target tokens); each row's steps from its own batch "
-            "plan (padding excluded). Warm-up "
-            f"{settings.warmup_steps}, learning-rate scale {settings.lr_scale}, one sentencepiece "
-            f"model ({settings.vocab_size} pieces) for every row, seed 0 unless stated, latest "
+            "plan (padding excluded). "
+            + recipe_words(settings)
+            + f" One sentencepiece model ({settings.vocab_size} pieces) for every row, seed 0 "
+            "unless stated, latest "
             "checkpoint. Pretrain→finetune rows start from the sentence Transformer row and then "
             "get the same budget again (twice the tokens in all). Training recipes at this "
             "budget, chosen on dev: [`recipe_study.md`](recipe_study.md)."

@@ -88,7 +88,9 @@ def tiny_config(data_dir: str, **train_overrides):
     """The transformer config shrunk to seconds-per-run size, reading ``data_dir``."""
     from docnmt_jax.config_files import load_config
 
-    config = load_config(os.path.join(ROOT, "configs", "transformer.py"))
+    # The papers' schedule (post-LN, d_model-scaled peak, no EMA): the tests' training
+    # dynamics (steps to learn, losses compared across runs) were set under it.
+    config = load_config(os.path.join(ROOT, "configs", "transformer.py:paper"))
     config.data.data_dir = data_dir
     config.data.vocab_size = 300
     config.data.batch_src_tokens = 256

@@ -13,6 +13,7 @@ from conftest import ROOT
 
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.tokenizer import get_or_train_tokenizer
+from docnmt_jax.config_files import load_config
 from docnmt_jax.errors import ConfigError
 from docnmt_jax.evaluation import results as R
 from docnmt_jax.files import log_line, log_timestamp
@@ -72,10 +73,19 @@ def test_a_lower_rate_row_scales_both_trainings_and_keeps_other_records(syntheti
             R.synthetic_config(r, settings, synthetic_dir).train.lr_scale for r in (shared, half)
         ]
         assert rates == [0.5, pytest.approx(0.25)]
+        recipe = R.stage_inputs("train", half, settings, 10)["recipe"]
+        assert recipe["train.lr_scale"] == pytest.approx(settings.lr_scale / 2)
+        assert recipe["train.warmup_steps"] == settings.warmup_steps
+        # The full run trains with each config's own recipe (no private schedule), a row's
+        # lr_factor scaling it, and a row's own override is never overwritten.
+        full = R.Settings(out=str(tmp_path), data_dir="data/bible")
+        default = load_config("configs/hmgdc.py").train
+        config = R.row_config(half, full, 10, "spm.model")
+        assert config.train.warmup_steps == default.warmup_steps
+        assert config.train.lr_scale == pytest.approx(default.lr_scale / 2)
+        assert config.train.learning_rate == default.learning_rate
     finally:
         os.chdir(cwd)
-    # A row at the shared rate keeps the inputs its committed records were saved with.
-    assert R.stage_inputs("train", shared, settings, 10)["lr"] == settings.lr_scale
     assert R.stage_inputs("synthetic", shared, settings, 10) == {"steps": settings.synthetic_steps}
     assert R.stage_inputs("synthetic", half, settings, 10)["lr_factor"] == 0.5
 

@@ -284,13 +284,16 @@ def select_rows(names: str, seeds: Sequence[int], extras: bool = False) -> list[
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """What every row shares. ``model`` overrides the models' sizes (the quick run's tiny
-    models); ``base_steps`` is the budget in packed sentence-Transformer steps."""
+    models); ``base_steps`` is the budget in packed sentence-Transformer steps. Every row
+    trains with its config's own recipe (the defaults of ``configs/transformer.py``, chosen
+    by the recipe study); ``warmup_steps``/``lr_scale`` replace them when set (the quick
+    run's few steps)."""
 
     out: str
     data_dir: str
     base_steps: int = 600
-    warmup_steps: int = 400
-    lr_scale: float = 0.5
+    warmup_steps: int | None = None
+    lr_scale: float | None = None
     vocab_size: int = 8000
     beam: int = 5
     alpha: float = 0.6
@@ -381,8 +384,11 @@ def row_config(
     config.data.max_src_len = config.data.max_tgt_len = settings.max_len
     config.train.seed = row.seed
     config.train.num_steps = steps
-    config.train.warmup_steps = settings.warmup_steps
-    config.train.lr_scale = settings.lr_scale * row.lr_factor
+    if settings.warmup_steps is not None:
+        config.train.warmup_steps = settings.warmup_steps
+    if settings.lr_scale is not None:
+        config.train.lr_scale = settings.lr_scale
+    config.train.lr_scale *= row.lr_factor
     config.train.dev_bleu = False
     config.train.best_metric = "dev_loss"
     config.train.best_mode = "min"
@@ -913,6 +919,31 @@ class Plan:
     corpus: str = "Bible"  # or "synthetic": the quick run's stand-in without the Bible
 
 
+#: The config keys that make a training recipe (what a train record depends on).
+RECIPE_KEYS = (
+    "model.pre_ln",
+    "train.warmup_steps",
+    "train.lr_scale",
+    "train.learning_rate",
+    "train.clip_norm",
+    "train.ema_decay",
+    "train.accumulate_steps",
+    "train.label_smoothing",
+    "data.batch_src_tokens",
+    "data.batch_tgt_tokens",
+)
+
+
+def training_recipe(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The :data:`RECIPE_KEYS` of ``config`` that it has."""
+    recipe = {}
+    for key in RECIPE_KEYS:
+        section, name = key.split(".")
+        if name in config[section]:
+            recipe[key] = config[section][name]
+    return recipe
+
+
 def stage_inputs(stage: str, row: Row, settings: Settings, steps: int) -> dict[str, Any]:
     """What a stage's record depends on: a record with other inputs is redone."""
     if stage == "train":
@@ -921,8 +952,7 @@ def stage_inputs(stage: str, row: Row, settings: Settings, steps: int) -> dict[s
             "config": row.config,
             "overrides": [list(o) for o in row.overrides],
             "seed": row.seed,
-            "warmup": settings.warmup_steps,
-            "lr": settings.lr_scale * row.lr_factor,
+            "recipe": training_recipe(row_config(row, settings, steps, "")),
         }
     if stage == "measure":
         return {
