@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
+from docnmt_jax.config_files import load_config
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.tokenizer import get_or_train_tokenizer
-from docnmt_jax.config_files import load_config
 from docnmt_jax.errors import ConfigError
 from docnmt_jax.evaluation import results as R
 from docnmt_jax.files import log_line, log_timestamp
