@@ -37,6 +37,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config.model.share_self_attention = True  # DocEnc shares SentEnc's self-attention (Sec. 2.3)
     config.model.context_dropout_rate = 0.1  # P of the residual dropout of Eq. 7
     config.model.document_scope = True  # whole documents; False: the chunk of max_sentences
+    # A whole document lies within one batch: the papers' 2,048-token batches (not the
+    # recipe's 1,024), so that a long chapter fits (the schedule is the default recipe's).
+    config.data.batch_src_tokens = config.data.batch_tgt_tokens = 2048
     if variant == "finetune":
         config.init_from_rules = "all"  # theta_s from the sentence Transformer's same paths
     return config

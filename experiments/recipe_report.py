@@ -65,8 +65,13 @@ def collect(study: Any, recipes: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 def chosen(lines: Sequence[dict[str, Any]], budget: float = 1.0) -> dict[str, Any] | None:
-    """The measured last-checkpoint row at ``budget`` with the best dev s-BLEU."""
-    pool = [x for x in lines if x["measured"] and x["params"] == "last" and x["budget"] == budget]
+    """The measured Transformer row and parameter set at ``budget`` with the best dev s-BLEU
+    (FINAL rows are not candidates)."""
+    pool = [
+        x
+        for x in lines
+        if x["measured"] and x["budget"] == budget and not x["row"].startswith("final")
+    ]
     return max(pool, key=lambda x: x["dev"]["s_bleu"], default=None)
 
 
@@ -78,8 +83,11 @@ def markdown(lines: Sequence[dict[str, Any]], study: Any) -> str:
         "",
         f"Command: `{COMMAND}` (resumable; rows in `experiments/recipe_rows.py`). "
         f"Written {datetime.date.today().isoformat()} on {platform.machine()} "
-        f"({os.cpu_count()} cores); measured float32 matmul peak of the host before each row: "
-        + (f"{min(peaks):.0f}–{max(peaks):.0f} GFLOP/s." if peaks else "not measured yet."),
+        f"({os.cpu_count()} cores); float32 matmul rate measured before each row (2,048 "
+        "square): "
+        + (f"{min(peaks):.0f}–{max(peaks):.0f} GFLOP/s" if peaks else "not measured yet")
+        + ". Rows ran one after another with other work beside them on the same 2 cores, so "
+        "tok/s and wall minutes are not a speed comparison (the benchmark is).",
         "",
         f"Budget: {study.budget_tokens:,} real target tokens x the row's budget (1.0 = the "
         "results runner's 600 steps of 2,048-token batches, ~1.3 epochs). Search: beam "
@@ -108,6 +116,10 @@ def markdown(lines: Sequence[dict[str, Any]], study: Any) -> str:
     legend = ["", "Rows:", ""] + [f"- `{name}`: {text}" for name, text in described]
     sig = next((x["test"].get("signatures") for x in lines if x["test"]), None)
     tail = ["", f"sacreBLEU signatures: {sig}"] if sig else []
+    findings = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipe_findings.md")
+    if os.path.exists(findings):
+        with open(findings, encoding="utf-8") as f:
+            tail += ["", f.read().rstrip()]
     return "\n".join(head + rows + legend + tail) + "\n"
 
 

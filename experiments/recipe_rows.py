@@ -25,6 +25,9 @@ class Recipe:
     budget: float = 1.0
     init_from: str = ""  # a row whose trained run initialises this one (finetuning)
     average: int = 0  # also measure the average of this many last checkpoints (0: no)
+    #: a row with the same recipe whose last checkpoint this one resumes from (its schedule and
+    #: data order are functions of the step, so continuing it equals training from scratch)
+    continues: str = ""
 
     def key(self) -> dict[str, Any]:
         """What the row's records depend on (a changed row is run again)."""
@@ -60,8 +63,8 @@ def schedule(
     ) + ((("train.ema_decay", ema),) if ema else ())
 
 
-#: Every row, in the order they are run (the most informative first).
-RECIPES: tuple[Recipe, ...] = (
+#: The recipes screened at the budget, in the order they are run (the most informative first).
+SCREEN: tuple[Recipe, ...] = (
     Recipe(
         "preln_w150_x0.3_clip",
         "pre-LN, warm-up 150, x0.3 (peak 1.53e-3), clip 1 (the flags the issue measured)",
@@ -123,6 +126,7 @@ def follow_ups(best: Recipe, second: Recipe) -> tuple[Recipe, ...]:
             description=f"{r.name} continued to ~4 epochs (3x the budget)",
             budget=3.0,
             average=5,
+            continues=r.name,
         )
         for r in (best, second)
     )
@@ -148,6 +152,21 @@ def follow_ups(best: Recipe, second: Recipe) -> tuple[Recipe, ...]:
             init_from=best.name,
         ),
     )
+
+
+def _by_name(name: str) -> Recipe:
+    return next(r for r in SCREEN if r.name == name)
+
+
+#: The two recipes best on dev (s-BLEU, their better parameter set) among those measured when
+#: the follow-ups were set: docs/recipe_study.md.
+CHOSEN = ("preln_b1024", "preln_b512")
+
+#: Every row in run order: the first four screened recipes, the chosen two's follow-ups, then
+#: the rest of the screen.
+RECIPES: tuple[Recipe, ...] = (
+    SCREEN[:4] + follow_ups(*(_by_name(n) for n in CHOSEN)) + SCREEN[4:]
+)
 
 
 def select(names: str) -> list[Recipe]:

@@ -104,6 +104,25 @@ def host_peak_gflops() -> float:
     return matmul_gflops(2048, jnp.float32)[0]
 
 
+def continue_from(source: str, workdir: str) -> None:
+    """Copies the newest checkpoint of ``source`` into ``workdir`` when ``workdir`` has none,
+    so that training resumes there (the rows share their recipe)."""
+    import shutil
+
+    from docnmt_jax.training import averaging, checkpoints
+
+    if checkpoints.has_steps(workdir):
+        return
+    steps = averaging.step_dirs(source)
+    if not steps:
+        raise FileNotFoundError(f"{source}: no checkpoint to continue from (train that row first)")
+    step, directory = steps[-1]
+    target = os.path.join(workdir, "checkpoints", str(step))
+    shutil.rmtree(target + ".tmp", ignore_errors=True)
+    shutil.copytree(directory, target + ".tmp")
+    os.rename(target + ".tmp", target)
+
+
 def train_stage(recipe: Recipe, study: Study, tokenizer: Any) -> dict[str, Any]:
     from docnmt_jax.evaluation.results import train_speed
     from docnmt_jax.training import trainer
@@ -111,6 +130,8 @@ def train_stage(recipe: Recipe, study: Study, tokenizer: Any) -> dict[str, Any]:
     peak = host_peak_gflops()
     steps, per_step, epoch = steps_for(recipe, study, tokenizer)
     workdir = study.row_dir(recipe.name)
+    if recipe.continues:
+        continue_from(study.row_dir(recipe.continues), workdir)
     result = trainer.train_and_evaluate(
         row_config(recipe, study, tokenizer.model_path, steps), workdir
     )

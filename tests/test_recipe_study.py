@@ -29,10 +29,20 @@ def test_quick_study_trains_measures_reports_and_resumes(synthetic_dir, tmp_path
         assert m["dev_ppl"] > 1 and 0 <= m["test"]["s_bleu"] <= 100
         assert set(m["source_probe"]) == {"drop_other", "drop_blank"}
     report = open(doc).read()
-    assert "| preln_b1024 **(chosen)** | last |" in report and "| preln_b1024 | ema |" in report
+    assert report.count("**(chosen)**") == 1  # the best dev s-BLEU of the two sets
+    assert "| preln_b1024 **(chosen)** |" in report
+    assert "| preln_b1024 | ema |" in report or "| preln_b1024 | last |" in report
     rows = json.load(open(doc.replace(".md", ".json")))["rows"]
     measured = [(r["row"], r["params"]) for r in rows if r["measured"]]
     assert measured == [("preln_b1024", "last"), ("preln_b1024", "ema")]
+    # The ~4-epoch row continues the row's last checkpoint and is also measured with the
+    # average of its last 5 checkpoints.
+    assert recipe_study.main(argv + ["--rows", "preln_b1024_4ep"]) == 0
+    longer = os.path.join(out, "rows", "preln_b1024_4ep")
+    log = open(os.path.join(longer, "train.log")).read()
+    assert f"resumed from step {train['steps']}" in log
+    assert json.load(open(os.path.join(longer, "train.json")))["steps"] >= 3 * train["steps"] - 1
+    assert set(json.load(open(os.path.join(longer, "measure.json")))) >= {"last", "ema", "avg5"}
     # A rerun finds every stage done (the records are not rewritten).
     stamp = os.path.getmtime(os.path.join(row, "measure.json"))
     assert recipe_study.main(argv + ["--rows", "preln_b1024"]) == 0
