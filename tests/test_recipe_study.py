@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+import pytest
 from conftest import ROOT
 
 sys.path.insert(0, ROOT)
@@ -13,6 +14,7 @@ sys.path.insert(0, ROOT)
 from experiments import recipe_rows, recipe_study  # noqa: E402
 
 
+@pytest.mark.slow  # three tiny trainings and seven translated parameter sets: ~3 minutes
 def test_quick_study_trains_measures_reports_and_resumes(synthetic_dir, tmp_path):
     out, doc = str(tmp_path / "study"), str(tmp_path / "doc" / "study.md")
     os.makedirs(os.path.dirname(doc))
