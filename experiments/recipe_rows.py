@@ -67,7 +67,7 @@ def schedule(
 SCREEN: tuple[Recipe, ...] = (
     Recipe(
         "preln_w150_x0.3_clip",
-        "pre-LN, warm-up 150, x0.3 (peak 1.53e-3), clip 1 (the flags the issue measured)",
+        "pre-LN, warm-up 150, x0.3 (peak 1.53e-3), clip 1 (the flags measured before the study)",
         schedule(True, 150, lr_scale=0.3, clip=1.0, ema=0.0),  # trained before the EMA
     ),
     Recipe(
