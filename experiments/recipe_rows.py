@@ -28,6 +28,9 @@ class Recipe:
     #: a row with the same recipe whose last checkpoint this one resumes from (its schedule and
     #: data order are functions of the step, so continuing it equals training from scratch)
     continues: str = ""
+    #: a divergence check: the config's shipped defaults, measured with its default parameter
+    #: set on the test books only (a row that asks whether the model trains, not how well)
+    check: bool = False
 
     def key(self) -> dict[str, Any]:
         """What the row's records depend on (a changed row is run again)."""
@@ -154,6 +157,30 @@ def follow_ups(best: Recipe, second: Recipe) -> tuple[Recipe, ...]:
     )
 
 
+#: The document models checked under their configs' shipped defaults (no schedule override),
+#: with the layout each has in the results table. FINAL's check is ``final_preln_b1024``:
+#: that recipe is the defaults.
+DEFAULTS_CHECKED = ("doc2doc", "doct", "hmgdc", "jean_cho", "jean_cho_margin")
+
+
+def defaults_checks() -> tuple[Recipe, ...]:
+    """One divergence check per document model of :data:`DEFAULTS_CHECKED`: its config and
+    layout overrides as in the results table, the schedule left at the defaults."""
+    from docnmt_jax.evaluation.results import rows
+
+    by_name = {row.name: row for row in rows(seeds=())}
+    return tuple(
+        Recipe(
+            f"defaults_{name}",
+            f"{by_name[name].label}: the config's defaults (does it train?)",
+            tuple(by_name[name].overrides),
+            config=by_name[name].config,
+            check=True,
+        )
+        for name in DEFAULTS_CHECKED
+    )
+
+
 def _by_name(name: str) -> Recipe:
     return next(r for r in SCREEN if r.name == name)
 
@@ -162,10 +189,10 @@ def _by_name(name: str) -> Recipe:
 #: the follow-ups were set: docs/recipe_study.md.
 CHOSEN = ("preln_b1024", "preln_b512")
 
-#: Every row in run order: the first four screened recipes, the chosen two's follow-ups, then
-#: the rest of the screen.
+#: Every row in run order: the first four screened recipes, the chosen two's follow-ups, the
+#: document models' divergence checks, then the rest of the screen.
 RECIPES: tuple[Recipe, ...] = (
-    SCREEN[:4] + follow_ups(*(_by_name(n) for n in CHOSEN)) + SCREEN[4:]
+    SCREEN[:4] + follow_ups(*(_by_name(n) for n in CHOSEN)) + defaults_checks() + SCREEN[4:]
 )
 
 

@@ -223,6 +223,20 @@ def parameter_sets(workdir: str, average: int) -> list[str]:
     return names
 
 
+def check_measure(recipe: Recipe, study: Study, search: Any, which: str) -> dict[str, Any]:
+    """A divergence check's measurement: the test books translated with the run's default
+    parameter set ``which`` (its EMA where it keeps one), as a user's ``translate.py`` would."""
+    from docnmt_jax.training import restore
+
+    workdir = study.row_dir(recipe.name)
+    translator, step = restore.load_translator(workdir, "latest", search, params="auto")
+    return {
+        "step": step,
+        "test": translate_and_score(translator, which, "test", study, workdir),
+        "decode_sentences_per_s": translator.stats.sentences / max(translator.stats.seconds, 1e-9),
+    }
+
+
 def measure_stage(recipe: Recipe, study: Study) -> dict[str, Any]:
     from docnmt_jax.decoding.search import SearchConfig
     from docnmt_jax.training import averaging, restore
@@ -230,6 +244,9 @@ def measure_stage(recipe: Recipe, study: Study) -> dict[str, Any]:
     workdir = study.row_dir(recipe.name)
     search = SearchConfig(beam_size=study.beam, alpha=study.alpha)
     record: dict[str, Any] = {"beam": study.beam, "alpha": study.alpha}
+    if recipe.check:
+        which = "ema" if averaging.has_ema(workdir) else "last"
+        return {**record, which: check_measure(recipe, study, search, which)}
     for which in parameter_sets(workdir, recipe.average):
         if which.startswith("avg"):
             averaging.average_run(workdir, int(which[3:]))
