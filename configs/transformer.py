@@ -61,6 +61,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.packed_row_tokens = 0  # shortest packed row length; 0: the model's default
     config.data.train_as = "documents"  # documents | sentences: every pair its own document
     config.data.mix = ""  # "PATH [WEIGHT] [documents|sentences]; ...": train on these corpora
+    # Who builds the training batches: tf.data (TensorFlow installed) or a prefetching NumPy
+    # iterator; both give the same batches. auto: tf.data when TensorFlow imports, else NumPy.
+    config.data.loader = "auto"  # auto | tf | numpy
 
     # Training: Adam(0.9, 0.98, 1e-9), inverse-sqrt schedule (Vaswani et al. 2017, Eq. 3) with
     # the recipe study's warm-up and peak (the papers': warm-up 8000, learning_rate 0).

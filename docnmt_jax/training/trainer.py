@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 from docnmt_jax import parallel
 from docnmt_jax.data import corpus_mix, readers, schema
+from docnmt_jax.data import loader as loader_lib
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.schema import dummy_batch
@@ -57,7 +58,7 @@ from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.decoding.translator import Translator
 from docnmt_jax.errors import ConfigError, RunNotFoundError
 from docnmt_jax.evaluation.metrics import score_documents
-from docnmt_jax.files import log_line, write_atomic, write_hypotheses
+from docnmt_jax.files import write_atomic, write_hypotheses
 from docnmt_jax.models import Metric, Model, build_model
 from docnmt_jax.models.base import reduce_metrics
 from docnmt_jax.objectives import Objective, build_objective
@@ -66,6 +67,7 @@ from docnmt_jax.training import ema as ema_lib
 from docnmt_jax.training import state as train_state
 from docnmt_jax.training.checkpoints import CheckpointError as CheckpointError  # re-exported
 from docnmt_jax.training.checkpoints import NonFiniteError as NonFiniteError  # re-exported
+from docnmt_jax.training.run_log import RunLog
 from docnmt_jax.training.steps import global_norm as optax_global_norm  # noqa: F401
 from docnmt_jax.training.steps import make_steps
 
@@ -336,63 +338,6 @@ def make_bleu_hook(
     return hook
 
 
-# ---------------------------------------------------------------------------------------------
-# Logging.
-
-
-class RunLog:
-    """Plain-text log (``train.log``) and TensorBoard events, written by process 0 only."""
-
-    def __init__(self, workdir: str):
-        self.enabled = jax.process_index() == 0
-        self._writer = None
-        if self.enabled:
-            path = os.path.join(workdir, "train.log")
-            self._file = open(path, "a", encoding="utf-8")
-            if self._file.tell() and not _ends_with_newline(path):
-                self._file.write("\n")  # a run killed mid-line: start on a line of our own
-            import tensorflow as tf
-
-            self._tf = tf
-            self._writer = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
-
-    def write(self, step: int, values: dict[str, float], prefix: str = "") -> None:
-        if not self.enabled:
-            return
-        text = " ".join(f"{prefix}{k}={v:.6g}" for k, v in sorted(values.items()))
-        self._file.write(log_line(f"step={step} {text}"))
-        self._file.flush()
-        with self._writer.as_default(step=step):
-            for k, v in values.items():
-                self._tf.summary.scalar(prefix + k, v)
-        self._writer.flush()
-
-    def note(self, message: str) -> None:
-        logging.info(message)
-        if self.enabled:
-            tqdm.write(message)
-            self._file.write(log_line(message))
-            self._file.flush()
-
-    def warn(self, message: str) -> None:
-        """A warning: to the log file and through absl (stderr under ``launch/train.py``)."""
-        logging.warning(message)
-        if self.enabled:
-            self._file.write(log_line(f"WARNING: {message}"))
-            self._file.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self._file.close()
-            self._writer.close()
-
-
-def _ends_with_newline(path: str) -> bool:
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
-
-
 #: The signals that stop a run cleanly, and the stop reason each gives.
 STOP_SIGNALS = {signal.SIGTERM: "sigterm", signal.SIGINT: "sigint"}
 
@@ -583,6 +528,7 @@ def train_and_evaluate(
     if tcfg.best_mode not in ("min", "max"):
         raise ConfigError(f"config.train.best_mode must be min or max, got {tcfg.best_mode!r}")
     on_long = check_on_long(config.data.get("on_long", "error"))
+    loader = loader_lib.resolve(config.data.get("loader", "auto"))
     os.makedirs(workdir, exist_ok=True)
     check_resumable(config, workdir)
     runlog = RunLog(workdir)
@@ -636,7 +582,7 @@ def train_and_evaluate(
         f"{train_plan.batches_per_epoch} train batches per epoch, {len(shapes)} train batch "
         f"shapes {shapes} ({model.layout.value}, "
         + (PACKING_WORDS[packing.unit] if packing else "[B, S, T] grid")
-        + f"), {100 * train_plan.stats.padding_fraction:.1f}% padding"
+        + f"), {100 * train_plan.stats.padding_fraction:.1f}% padding; loader {loader}"
     )
     runlog.note(
         f"data: sentences over data.max_src_len={config.data.max_src_len} / "
@@ -725,7 +671,7 @@ def train_and_evaluate(
                 os.path.join(workdir, "dev_translations"),
             ),
         )
-    dataset = pipeline_lib.make_dataset(train_plan, start_step=position).as_numpy_iterator()
+    dataset = loader_lib.train_batches(train_plan, start_step=position, loader=loader)
 
     def run_eval(step: int) -> dict[str, float]:
         params = state.get("ema", state["params"])  # the EMA when the run keeps one
