@@ -131,6 +131,7 @@ def tiny_final_config(data_dir: str, **train_overrides):
 # first: pytest-xdist (--dist loadfile) hands files to its two workers in collection order, so
 # a heavy file collected last would run alone at the end (longest-processing-time-first).
 HEAVY_FILES_FIRST = (
+    "test_accelerator_run.py",
     "test_context_marginal.py",
     "test_hmgdc.py",
     "test_notebook_quickstart.py",
