@@ -72,6 +72,12 @@ _PARAMS = flags.DEFINE_enum(
     ["auto", "ema", "raw"],
     "Parameter set: the EMA when the run keeps one (auto), the EMA, or the raw parameters.",
 )
+_DTYPE = flags.DEFINE_enum(
+    "dtype",
+    "",
+    ["", "float32", "bfloat16"],
+    "Computation dtype of the search (parameters stay float32); empty: the run's model.dtype.",
+)
 _RANDOM_SEED = flags.DEFINE_integer(
     "random_context_seed", None, "Translate with this draw of random contexts (document models)."
 )
@@ -137,6 +143,7 @@ def main(argv: list[str]) -> None:
         mesh=parse_mesh(_MESH.value),
         max_source_tokens=_MAX_SOURCE.value,
         params=_PARAMS.value,
+        dtype=_DTYPE.value,
     )
     translator.source_file = _INPUT.value  # a sentence too long for the model: FILE:LINE
     alone = ", every sentence alone" if _SENTENCES.value else ""

@@ -13,6 +13,7 @@ cross-attention once per source batch).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -200,6 +201,42 @@ def masked_softmax(logits: Array, mask: Array | None) -> Array:
     return jax.nn.softmax(logits, axis=-1)
 
 
+#: ``DOCNMT_ATTENTION=xla|cudnn|einsum`` overrides :func:`attention_implementation` (to
+#: compare kernels, or to step around one a device cannot compile).
+ATTENTION_ENV = "DOCNMT_ATTENTION"
+
+
+def attention_implementation(dtype: Dtype) -> str:
+    """The kernel of :func:`fused_attention`: cuDNN's fused (flash) attention on a GPU in
+    bfloat16/float16 (cuDNN has no float32 kernel), XLA's elsewhere; ``einsum`` is the
+    unfused two-product path of :meth:`MultiHeadAttention.attend`."""
+    chosen = os.environ.get(ATTENTION_ENV, "")
+    if chosen:
+        if chosen not in ("xla", "cudnn", "einsum"):
+            raise ValueError(f"{ATTENTION_ENV}={chosen!r}: expected xla, cudnn or einsum")
+        return chosen
+    if jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+        return "cudnn"
+    return "xla"
+
+
+def fused_attention(q: Array, k: Array, v: Array, mask: Array | None) -> Array:
+    """``softmax(q k^T / sqrt(d) where mask) v`` per head, ``q [B, Tq, H, d]``, ``k, v
+    [B, Tk, H, d]``, ``mask`` boolean broadcastable to ``[B, H, Tq, Tk]`` -> ``[B, Tq, H, d]``,
+    through ``jax.nn.dot_product_attention`` (logits and softmax in float32; a fully masked
+    row is uniform, as :func:`masked_softmax` makes it)."""
+    implementation = attention_implementation(q.dtype)
+    if implementation == "einsum":
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(q.shape[-1])
+        weights = masked_softmax(logits, mask).astype(v.dtype)
+        return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+    if mask is not None and implementation == "cudnn":  # cuDNN takes the whole mask
+        mask = jnp.broadcast_to(mask, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
+    return jax.nn.dot_product_attention(
+        q, k, v, mask=mask, scale=1.0 / np.sqrt(q.shape[-1]), implementation=implementation
+    )
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head scaled dot-product attention with separable key/value projection.
 
@@ -251,6 +288,9 @@ class MultiHeadAttention(nn.Module):
         rows, tq = q.shape[:2]
         q = group_rows(q, groups)
         depth = q.shape[-1]
+        if not (return_weights or heads_major) and (self.deterministic or not self.dropout_rate):
+            out = fused_attention(q, k, v, mask)  # no weights asked for, none dropped
+            return self.out(out.reshape((rows, tq) + out.shape[2:]))
         kv = "bhkd" if heads_major else "bkhd"
         logits = jnp.einsum(f"bqhd,{kv}->bhqk", q, k).astype(jnp.float32) / np.sqrt(depth)
         weights = masked_softmax(logits, mask)

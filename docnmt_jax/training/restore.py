@@ -78,10 +78,14 @@ def checkpoint_step_dir(workdir: str, which: str) -> tuple[str, int]:
     )
 
 
-def load_model(workdir: str) -> tuple[Model, Tokenizer, ml_collections.ConfigDict]:
+def load_model(
+    workdir: str, dtype: str = ""
+) -> tuple[Model, Tokenizer, ml_collections.ConfigDict]:
     """The model of the run in ``workdir`` (from its ``config.json``), its tokenizer and
-    config."""
+    config; ``dtype`` (e.g. ``bfloat16``) replaces the run's ``model.dtype`` ('' keeps it)."""
     config = load_config(workdir)
+    if dtype:
+        config.model.dtype = dtype
     tokenizer = load_run_tokenizer(config, workdir)
     return build_model(config.model, tokenizer.vocab_size), tokenizer, config
 
@@ -138,11 +142,13 @@ def load_translator(
     mesh: Mapping[str, int] | None = None,
     max_source_tokens: int | None = MAX_SOURCE_TOKENS,
     params: str = "auto",
+    dtype: str = "",
 ) -> tuple[Translator, int]:
     """A :class:`Translator` for the run in ``workdir`` and the checkpoint step it uses; with
     ``mesh`` (``config.mesh``-style sizes) it searches on that device mesh; ``params`` picks
-    the EMA or the raw parameters (:data:`PARAM_SETS`)."""
-    model, tokenizer, config = load_model(workdir)
+    the EMA or the raw parameters (:data:`PARAM_SETS`); ``dtype`` the computation's dtype
+    ('': the run's ``model.dtype``; parameters stay float32)."""
+    model, tokenizer, config = load_model(workdir, dtype)
     params, step = load_params(model, workdir, which, tokenizer.model_path, params)
     layout = None
     if mesh is not None:
