@@ -1,5 +1,6 @@
-"""Throughput of the tf.data document pipeline on a TSV of documents
-(``doc_id<TAB>src<TAB>tgt``), document and sentence mode: batches, chunks, sentences and
+"""Throughput of the training loaders (the plain NumPy iterator, the prefetching NumPy loader,
+tf.data where TensorFlow imports) on a TSV of documents (``doc_id<TAB>src<TAB>tgt``), document
+and sentence mode: batches, chunks, sentences and
 tokens per second, padding, distinct shapes, and the first batch after resuming deep into
 training (one epoch plan, not the skipped batches)."""
 
@@ -48,6 +49,7 @@ def pipeline_config(args: argparse.Namespace) -> Any:
 def pipeline_section(args: argparse.Namespace, results: Results) -> Results:
     """``args``: ``tsv``, ``spm`` (None: :func:`word_encoder`), ``modes``, ``num_batches``,
     ``max_sentences``, ``max_len``, ``batch_tokens``."""
+    from docnmt_jax.data import loader
     from docnmt_jax.data import pipeline as P
     from docnmt_jax.data.readers import read_tsv
 
@@ -75,9 +77,11 @@ def pipeline_section(args: argparse.Namespace, results: Results) -> Results:
         plan.epoch(0)
         plan_s = time.perf_counter() - t0
         iterators = {
-            "tf.data": lambda plan=plan: P.make_dataset(plan),
             "numpy": lambda plan=plan: P.numpy_batches(plan),
+            "numpy loader": lambda plan=plan: loader.train_batches(plan, loader="numpy"),
         }
+        if loader.tensorflow_importable():
+            iterators["tf.data"] = lambda plan=plan: P.make_dataset(plan)
         for name, make in iterators.items():
             m = P.measure_throughput(make(), args.num_batches)
             m.update(
@@ -92,7 +96,7 @@ def pipeline_section(args: argparse.Namespace, results: Results) -> Results:
         # Resuming deep into training costs one epoch plan, not the skipped batches.
         resume_step = 1000 * max(plan.batches_per_epoch, 1) + 7
         t0 = time.perf_counter()
-        next(iter(P.make_dataset(plan, start_step=resume_step)))
+        next(iter(loader.train_batches(plan, start_step=resume_step)))
         for m in result["runs"][-len(iterators) :]:
             m["resume_first_batch_seconds"] = time.perf_counter() - t0
     return result
