@@ -12,7 +12,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DATA ?= data/bible
 
-.PHONY: venv sword data demo results results-quick test test-slow lint clean
+.PHONY: venv sword data demo results results-quick test test-slow lint clean accelerator-wheels
 
 venv: $(VENV)/.installed
 
@@ -60,6 +60,12 @@ test: venv
 
 test-slow: venv sword
 	$(BIN)/python -m pytest -q -ra -m slow $(TEST_FLAGS)
+
+# What a lent accelerator machine lacks (docs/accelerators.md): the ml_collections wheel (pure
+# Python) in .whl/, for the device's Python 3.12; carry .whl and data/bible with the checkout.
+accelerator-wheels: venv
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp -d .whl ml_collections==1.1.0
 
 lint: venv
 	$(BIN)/ruff check docnmt_jax launch tests configs notebooks
