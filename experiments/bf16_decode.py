@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--doc", default="", help="also write the report here")
     args = p.parse_args(argv)
     from docnmt_jax.data import readers
+    from docnmt_jax.files import write_atomic
 
     os.makedirs(args.out, exist_ok=True)
     documents = readers.read_tsv(args.input)
@@ -98,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(result, f, indent=2)
     text = report(result, args)
     for path in [os.path.join(args.out, "bf16_decode.md")] + ([args.doc] if args.doc else []):
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+        write_atomic(path, text)
     print(text)
     return 0
 

@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from docnmt_jax.benchmarking.peak import matmul_gflops
     from docnmt_jax.data import loader
+    from docnmt_jax.files import write_atomic
 
     os.makedirs(args.out, exist_ok=True)
     if not args.spm:
@@ -105,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines) + "\n"
     for path in [os.path.join(args.out, "report.md")] + ([args.doc] if args.doc else []):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+        write_atomic(path, text)
     print(text)
     return 0
 

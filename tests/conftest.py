@@ -29,16 +29,36 @@ TABLE3_CONFIG = os.path.join(ROOT, "configs", "final_table3.py")
 TABLE3_SWITCHES = load_config_module(TABLE3_CONFIG).TABLE3_SWITCHES
 
 
-def run_launch(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_launch(
+    script: str, *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """``python launch/SCRIPT ARGS`` from the repository root, output captured (generous
-    timeout: the CI machine may be busy)."""
+    timeout: the CI machine may be busy); ``env``: the process's environment."""
     return subprocess.run(
         [sys.executable, os.path.join(ROOT, "launch", script), *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=timeout,
+        env=env,
     )
+
+
+def tiny_pairs_batch() -> tuple[dict, int]:
+    """One [6, 1, T] grid batch of :data:`TINY_PAIRS` (words numbered from 4 as they come)
+    and the vocabulary size it needs."""
+    from docnmt_jax.data.documents import Document
+    from docnmt_jax.data.pipeline import PipelineConfig, numpy_batches
+
+    vocab: dict[str, int] = {}
+
+    def encode(texts):
+        return [[vocab.setdefault(w, len(vocab) + 4) for w in t.split()] for t in texts]
+
+    docs = [Document(f"d{i}", (s,), (t,)) for i, (s, t) in enumerate(TINY_PAIRS)]
+    config = PipelineConfig(sentence_level=True, shuffle=False, num_epochs=1, pad_batch=True)
+    batch = next(numpy_batches(docs, encode, config))
+    return batch, len(vocab) + 4
 
 
 @pytest.fixture(scope="session")

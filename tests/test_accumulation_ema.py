@@ -11,10 +11,8 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from conftest import TINY_PAIRS, TINY_TRANSFORMER, tiny_config
+from conftest import TINY_PAIRS, TINY_TRANSFORMER, tiny_config, tiny_pairs_batch
 
-from docnmt_jax.data.documents import Document
-from docnmt_jax.data.pipeline import PipelineConfig, numpy_batches
 from docnmt_jax.models import build_model
 from docnmt_jax.objectives import build_objective
 from docnmt_jax.training import ema as ema_lib
@@ -25,17 +23,10 @@ PAIRS = TINY_PAIRS
 
 def _grid_batch_and_model():
     """One [6, 1, T] grid batch of six different pairs and a tiny dropout-free Transformer."""
-    vocab: dict[str, int] = {}
-
-    def encode(texts):
-        return [[vocab.setdefault(w, len(vocab) + 4) for w in t.split()] for t in texts]
-
-    docs = [Document(f"d{i}", (s,), (t,)) for i, (s, t) in enumerate(PAIRS)]
-    config = PipelineConfig(sentence_level=True, shuffle=False, num_epochs=1, pad_batch=True)
-    batch = _rows(next(numpy_batches(docs, encode, config)), 0, len(PAIRS))
+    full, vocab_size = tiny_pairs_batch()
+    batch = _rows(full, 0, len(PAIRS))
     assert batch["src_mask"].sum(axis=(1, 2)).min() > 0  # six real pairs
-    model_cfg = TINY_TRANSFORMER
-    model = build_model(model_cfg, vocab_size=len(vocab) + 4)
+    model = build_model(TINY_TRANSFORMER, vocab_size=vocab_size)
     params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch)["params"])
     return batch, model, params
 

@@ -6,10 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import TINY_PAIRS, TINY_TRANSFORMER
+from conftest import TINY_TRANSFORMER, tiny_pairs_batch
 
-from docnmt_jax.data.documents import Document
-from docnmt_jax.data.pipeline import PipelineConfig, numpy_batches
 from docnmt_jax.models import build_model, layers
 from docnmt_jax.objectives import build_objective
 
@@ -94,24 +92,13 @@ def test_the_kernel_is_chosen_by_backend_and_dtype(monkeypatch):
         layers.attention_implementation(jnp.float32)
 
 
-def _batch_and_vocab():
-    vocab: dict[str, int] = {}
-
-    def encode(texts):
-        return [[vocab.setdefault(w, len(vocab) + 4) for w in t.split()] for t in texts]
-
-    docs = [Document(f"d{i}", (s,), (t,)) for i, (s, t) in enumerate(TINY_PAIRS)]
-    config = PipelineConfig(sentence_level=True, shuffle=False, num_epochs=1, pad_batch=True)
-    return next(numpy_batches(docs, encode, config)), len(vocab) + 4
-
-
 #: bfloat16 keeps 8 significant bits (relative step 2^-8 ~ 0.4%): the loss of a tiny model
 #: within 2%, gradient leaves within 10% in L2 and pointing the same way (cosine > 0.99).
 BF16_LOSS_RTOL, BF16_GRAD_RTOL, BF16_GRAD_COSINE = 0.02, 0.10, 0.99
 
 
 def test_bfloat16_training_matches_float32_on_a_fixed_batch():
-    batch, vocab_size = _batch_and_vocab()
+    batch, vocab_size = tiny_pairs_batch()
     losses, grads = {}, {}
     params = None
     for dtype in ("float32", "bfloat16"):

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_launch
 
 from docnmt_jax.data import loader, pipeline
 from docnmt_jax.data.documents import Document
@@ -162,15 +162,8 @@ def no_tensorflow_env(tmp_path):
     return env
 
 
-def _run(env, script, *args, timeout=900):
-    out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "launch", script), *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=timeout,
-    )
+def _run(env, script, *args):
+    out = run_launch(script, *args, timeout=900, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
