@@ -105,8 +105,12 @@ def tied_logits(x: Array, table: Array) -> Array:
     tokens and 8k words); transposing ``x [N, D]`` and the ``[D, V]`` result instead moves
     ``V/D`` times fewer bytes. 10% faster train steps at Zheng's TED size (BUILD_NOTES.md,
     Performance); same values.
+
+    The logits are float32 whatever the inputs' dtype (the products accumulate in float32
+    and are not rounded back): a bfloat16 logit keeps 8 bits, so near-ties between words
+    (0.06 apart at a logit of 10) would be decided by rounding, not by the model.
     """
-    return jnp.einsum("...d,vd->...v", x, table)
+    return jnp.einsum("...d,vd->...v", x, table, preferred_element_type=jnp.float32)
 
 
 def _tied_logits_fwd(x: Array, table: Array) -> tuple[Array, tuple[Array, Array]]:
@@ -115,9 +119,11 @@ def _tied_logits_fwd(x: Array, table: Array) -> tuple[Array, tuple[Array, Array]
 
 def _tied_logits_bwd(residuals: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
     x, table = residuals
-    dx = jnp.einsum("...v,vd->...d", g, table)
+    g = g.astype(x.dtype)  # the products run in the inputs' dtype, accumulated in float32
+    dx = jnp.einsum("...v,vd->...d", g, table, preferred_element_type=jnp.float32)
     rows_x, rows_g = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-    return dx, jnp.einsum("nd,nv->dv", rows_x, rows_g).T.astype(table.dtype)
+    d_table = jnp.einsum("nd,nv->dv", rows_x, rows_g, preferred_element_type=jnp.float32)
+    return dx.astype(x.dtype), d_table.T.astype(table.dtype)
 
 
 tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
@@ -227,7 +233,8 @@ def fused_attention(q: Array, k: Array, v: Array, mask: Array | None) -> Array:
     row is uniform, as :func:`masked_softmax` makes it)."""
     implementation = attention_implementation(q.dtype)
     if implementation == "einsum":
-        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(q.shape[-1])
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+        logits = logits / np.sqrt(q.shape[-1])
         weights = masked_softmax(logits, mask).astype(v.dtype)
         return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
     if mask is not None and implementation == "cudnn":  # cuDNN takes the whole mask
@@ -292,7 +299,8 @@ class MultiHeadAttention(nn.Module):
             out = fused_attention(q, k, v, mask)  # no weights asked for, none dropped
             return self.out(out.reshape((rows, tq) + out.shape[2:]))
         kv = "bhkd" if heads_major else "bkhd"
-        logits = jnp.einsum(f"bqhd,{kv}->bhqk", q, k).astype(jnp.float32) / np.sqrt(depth)
+        logits = jnp.einsum(f"bqhd,{kv}->bhqk", q, k, preferred_element_type=jnp.float32)
+        logits = logits / np.sqrt(depth)
         weights = masked_softmax(logits, mask)
         dropped = self.dropout(weights, deterministic=self.deterministic)
         if heads_major:
@@ -330,10 +338,10 @@ class MultiHeadAttention(nn.Module):
         B, S = keys.shape[:2]
         rows = x.reshape(B, -1, x.shape[-1])  # [B, G, D]
         logits = (
-            jnp.einsum("bgD,bshD->bhgs", rows, keys)
-            + jnp.einsum("bsh->bhs", key_bias)[:, :, None, :]
+            jnp.einsum("bgD,bshD->bhgs", rows, keys, preferred_element_type=jnp.float32)
+            + jnp.einsum("bsh->bhs", key_bias).astype(jnp.float32)[:, :, None, :]
         )
-        weights = masked_softmax(logits.astype(jnp.float32), mask).astype(values.dtype)
+        weights = masked_softmax(logits, mask).astype(values.dtype)
         out = jnp.einsum("bhgs,bshD->bgD", weights, values)
         bias = nn.meta.unbox(self.out.variables["params"]).get("bias", 0.0)
         return (out + bias).astype(x.dtype).reshape(x.shape)
