@@ -47,21 +47,25 @@ def _masks(rng):
     }
 
 
+@pytest.mark.parametrize("implementation", ["xla", "einsum"])
 @pytest.mark.parametrize("name", ["none", "padding", "causal", "segments", "a fully masked row"])
-def test_fused_attention_equals_the_float64_loop(name):
+def test_fused_attention_equals_the_float64_loop(name, implementation):
     rng = np.random.default_rng(0)
     q, k, v = (rng.normal(size=(B, t, H, D)).astype(np.float32) for t in (TQ, TK, TK))
     mask = _masks(rng)[name]
     want = _reference(q, k, v, True if mask is None else mask)
     jmask = None if mask is None else jnp.asarray(mask)
-    got = layers.fused_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jmask)
+    args = (jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jmask)
+    got = layers.fused_attention(*args, implementation=implementation)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("implementation", ["xla", "einsum"])
 @pytest.mark.parametrize("groups", [1, 3])
-def test_the_attention_module_gives_the_unfused_paths_output(groups):
+def test_the_attention_module_gives_the_unfused_paths_output(groups, implementation, monkeypatch):
     """``attend`` takes the fused kernel when no weights are asked for; asked for them it runs
     the unfused products: both outputs agree (search beams sharing keys: ``groups`` rows)."""
+    monkeypatch.setenv(layers.ATTENTION_ENV, implementation)
     rng = np.random.default_rng(1)
     attention = layers.MultiHeadAttention(num_heads=H, model_dim=H * D)
     x_q = jnp.asarray(rng.normal(size=(B * groups, TQ, H * D)), jnp.float32)
@@ -81,10 +85,12 @@ def test_the_attention_module_gives_the_unfused_paths_output(groups):
 
 def test_the_kernel_is_chosen_by_backend_and_dtype(monkeypatch):
     monkeypatch.delenv(layers.ATTENTION_ENV, raising=False)
-    assert layers.attention_implementation(jnp.float32) == "xla"  # CPU, and float32 anywhere
+    assert layers.attention_implementation(jnp.float32) == "einsum"  # CPU
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert layers.attention_implementation(jnp.bfloat16) == "cudnn"
     assert layers.attention_implementation(jnp.float32) == "xla"
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert layers.attention_implementation(jnp.bfloat16) == "xla"
     monkeypatch.setenv(layers.ATTENTION_ENV, "einsum")
     assert layers.attention_implementation(jnp.bfloat16) == "einsum"
     monkeypatch.setenv(layers.ATTENTION_ENV, "flash")

@@ -214,24 +214,30 @@ ATTENTION_ENV = "DOCNMT_ATTENTION"
 
 def attention_implementation(dtype: Dtype) -> str:
     """The kernel of :func:`fused_attention`: cuDNN's fused (flash) attention on a GPU in
-    bfloat16/float16 (cuDNN has no float32 kernel), XLA's elsewhere; ``einsum`` is the
-    unfused two-product path of :meth:`MultiHeadAttention.attend`."""
+    bfloat16/float16 (cuDNN has no float32 kernel), XLA's ``dot_product_attention`` on other
+    accelerators, and on CPU the two einsums this project's CPU timings were made with
+    (``einsum``; XLA's kernel is the same two products there, and whether it is faster on CPU
+    is measured by ``experiments/loader_attention_speed.py``, not assumed)."""
     chosen = os.environ.get(ATTENTION_ENV, "")
     if chosen:
         if chosen not in ("xla", "cudnn", "einsum"):
             raise ValueError(f"{ATTENTION_ENV}={chosen!r}: expected xla, cudnn or einsum")
         return chosen
-    if jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+    backend = jax.default_backend()
+    if backend == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
         return "cudnn"
-    return "xla"
+    return "einsum" if backend == "cpu" else "xla"
 
 
-def fused_attention(q: Array, k: Array, v: Array, mask: Array | None) -> Array:
+def fused_attention(
+    q: Array, k: Array, v: Array, mask: Array | None, implementation: str = ""
+) -> Array:
     """``softmax(q k^T / sqrt(d) where mask) v`` per head, ``q [B, Tq, H, d]``, ``k, v
     [B, Tk, H, d]``, ``mask`` boolean broadcastable to ``[B, H, Tq, Tk]`` -> ``[B, Tq, H, d]``,
     through ``jax.nn.dot_product_attention`` (logits and softmax in float32; a fully masked
-    row is uniform, as :func:`masked_softmax` makes it)."""
-    implementation = attention_implementation(q.dtype)
+    row is uniform, as :func:`masked_softmax` makes it). ``implementation``: '' picks
+    :func:`attention_implementation`."""
+    implementation = implementation or attention_implementation(q.dtype)
     if implementation == "einsum":
         logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
         logits = logits / np.sqrt(q.shape[-1])
