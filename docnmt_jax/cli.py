@@ -1,4 +1,4 @@
-"""One error boundary for every launch script (issue 20, item 6).
+"""One error boundary for every launch script.
 
 A user's mistake ends a command with one line on stderr, ``PROG: error: MESSAGE``, and exit
 status 2; a bug keeps its traceback (and Python's status 1). A mistake is:

@@ -1,4 +1,4 @@
-"""One results table for every model on the Bible: ``make results`` (issue 21).
+"""One results table for every model on the Bible: ``make results``.
 
     python launch/results.py [--out runs/results] [--doc docs/results.md]
         [--base_steps 3000] [--rows transformer,final,...] [--seeds 0,1,2]
@@ -497,12 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     def write_report() -> str:
         """The report of every record saved so far (after each row and at the end)."""
         records = load_records(row_list, settings, budget)
-        paired = paired_rows(
-            row_list, settings.row_dir, plan.test, R.read_record, R.write_record
-        )
-        text, payload = R.report(
-            row_list, records, settings, header(args, settings, plan), paired
-        )
+        paired = paired_rows(row_list, settings.row_dir, plan.test, R.read_record, R.write_record)
+        text, payload = R.report(row_list, records, settings, header(args, settings, plan), paired)
         body = json.dumps(payload, indent=2, default=float) + "\n"
         write_atomic(os.path.join(settings.out, "results.md"), text)
         write_atomic(os.path.join(settings.out, "results.json"), body)

@@ -1,4 +1,4 @@
-"""Seeded corruptions of valid input files, for the fuzz tests (issue 20, item 7).
+"""Seeded corruptions of valid input files, for the fuzz tests.
 
 Each operator turns a valid file's bytes into a corrupted variant the way real files go wrong:
 a tab or a newline deleted or duplicated, invalid UTF-8, a BOM in the middle, CRLF line ends

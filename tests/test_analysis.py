@@ -1,4 +1,4 @@
-"""Zheng et al. (2020)'s analyses (issue 19, items 2-4): the context windows of Fig. 3 against
+"""Zheng et al. (2020)'s analyses: the context windows of Fig. 3 against
 brute force, the sentence-to-sentence attention of Fig. 4 (rows sum to 1; doc2doc against a
 naive loop over its raw token weights), single-sentence translation (Table 2), and the
 commands (``launch/analyze.py``, ``translate.py --sentences``) on a tiny trained run."""

@@ -178,7 +178,7 @@ def _test_sentences(synthetic_dir, documents=4):
     return sum(len(d) for d in docs)
 
 
-# Slow since issue 17 (the default suite passed 20 minutes): `make test-slow`.
+# Slow (the default suite passed 20 minutes): `make test-slow`.
 @pytest.mark.slow
 def test_quick_corpus_trains_and_translates_each_model_on_the_real_plan(synthetic_dir, tmp_path):
     tsv = _corpus_copy(synthetic_dir, tmp_path)

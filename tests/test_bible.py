@@ -427,9 +427,9 @@ def test_tfds_round_trip(tmp_path) -> None:
 
 
 def test_packed_plans_of_the_prepared_corpus(prepared, tmp_path) -> None:
-    """Issue 14: with the 8k sentencepiece and the default config, sentence packing (rows of
+    """With the 8k sentencepiece and the default config, sentence packing (rows of
     128) gives one shape and < 5% padding, chunk packing (rows of 1024, drift 16) at most two
-    shapes and < 10% padding (docs/design/issue14_packing_plan.md §0)."""
+    shapes and < 10% padding (docs/design/packing_plan.md §0)."""
     import dataclasses
 
     from docnmt_jax.data.pipeline import PipelineConfig, plan_batches, tokenize_corpus

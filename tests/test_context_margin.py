@@ -1,4 +1,4 @@
-"""Jean & Cho 2019's context-aware margin objective (issue 18, items 2 and 5)."""
+"""Jean & Cho 2019's context-aware margin objective."""
 
 import math
 import os

@@ -403,7 +403,7 @@ def _run(script, *args):
     return result
 
 
-@pytest.mark.slow  # 56 s (since issue 20, suite time); the library path is tested above
+@pytest.mark.slow  # 56 s (suite time); the library path is tested above
 def test_evaluate_and_translate_measure_context_use(jean_cho_run, synthetic_dir, tmp_path):
     ref = os.path.join(synthetic_dir, "test.tsv")
     out = tmp_path / "context"
@@ -478,7 +478,7 @@ def test_evaluate_refuses_a_sentence_model_in_one_line(synthetic_dir, tmp_path):
     )
 
 
-@pytest.mark.slow  # 86 s with its fixture's training (issue 21, suite time at 19:51)
+@pytest.mark.slow  # 86 s with its fixture's training (suite time)
 def test_gate_stats_counts_every_source_token_with_context(jean_cho_run, synthetic_dir):
     from docnmt_jax.data import readers
     from docnmt_jax.training import restore

@@ -1,4 +1,4 @@
-"""Fast version of the context proof (issue 5, item 6): FINAL uses the context, the sentence
+"""Fast version of the context proof: FINAL uses the context, the sentence
 Transformer cannot. A denser, shorter variant of the synthetic task (pronouns only, antecedent
 in the previous sentence, documents of 2-4 sentences) so a tiny model learns it in about a minute;
 the full task and its numbers are in BUILD_NOTES.md (``launch/context_proof.py``)."""
@@ -113,7 +113,7 @@ DOCT_TASK = dict(FAST_TASK, distances=(1, 2))
 DOCT_TRAINING = dict(context_proof.TINY, num_steps=500, lr_scale=0.5)
 
 
-# Slow since issue 19 (157 s; the default suite passed 20 minutes with the notebooks):
+# Slow (157 s; the default suite passed 20 minutes with the notebooks):
 # `make test-slow`. DocT's layers stay in the default suite through its naive reference.
 @pytest.mark.slow
 def test_doct_uses_the_two_sentences_of_its_window(tmp_path):

@@ -71,7 +71,7 @@ def _naive_score(task, params, tokenizer, src_sents, tgt_sents, k):
     [
         # The sentence path (30 s) also runs in test_contrastive_sets (Bawden at 50%): slow.
         pytest.param("transformer", marks=pytest.mark.slow),
-        # The grid path (47 s) is slow since issue 20 (suite time); test_contrastive_sets
+        # The grid path (47 s) is slow (suite time); test_contrastive_sets
         # scores FINAL's fixtures through the same code in the default suite.
         pytest.param("final", marks=pytest.mark.slow),
     ],

@@ -1,4 +1,4 @@
-"""Pretraining data through config (issue 15, item 3): one-sentence documents and mixes."""
+"""Pretraining data through config: one-sentence documents and mixes."""
 
 from __future__ import annotations
 

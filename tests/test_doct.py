@@ -184,7 +184,7 @@ SWITCHES = {
 @pytest.mark.parametrize(
     "switches",
     [
-        # 54 s (since issue 20, suite time); DocT's first-sentence and boundary tests stay in
+        # 54 s (suite time); DocT's first-sentence and boundary tests stay in
         # the default suite.
         pytest.param("paper", marks=pytest.mark.slow),
         # About 40 s each (the naive reference compiles sentence by sentence): `make test-slow`.
@@ -306,7 +306,7 @@ class WordTokenizer:
         return " ".join(out)
 
 
-# Slow since issue 17 (the default suite passed 20 minutes): `make test-slow`.
+# Slow (the default suite passed 20 minutes): `make test-slow`.
 @pytest.mark.slow
 def test_chunks_of_20_and_of_2_translate_identically():
     """Sentences at a chunk's start get their k predecessors from the previous chunk (the

@@ -1,4 +1,4 @@
-"""The command lines' error boundary (issue 20, item 6): a user's mistake prints one line
+"""The command lines' error boundary: a user's mistake prints one line
 ``PROG: error: ...`` naming the file/flag/field and exits 2, leaving no output file; a bug
 keeps its traceback.
 

@@ -1,4 +1,4 @@
-"""FINAL on packed rows (issue 14, docs/design/issue14_packing_plan.md §1, §2.3-2.5): the same
+"""FINAL on packed rows (docs/design/packing_plan.md §1, §2.3-2.5): the same
 documents as a ``[B, S, T]`` grid and as packed rows give the same loss, gradients and logits
 for every Table 3 row; banded attention equals dense attention."""
 

@@ -1,4 +1,4 @@
-"""Fuzz tests (issue 20, item 7): seeded corruptions of valid files through the readers and
+"""Fuzz tests: seeded corruptions of valid files through the readers and
 the command lines; every outcome is a clean result or a one-line error naming the file --
 never a traceback, never a partial output.
 

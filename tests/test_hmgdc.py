@@ -128,7 +128,7 @@ SWITCHES = {
 @pytest.mark.parametrize(
     "switches",
     [
-        # 65 s (since issue 20, suite time); the packed-vs-grid tests of test_hmgdc_packed.py
+        # 65 s (suite time); the packed-vs-grid tests of test_hmgdc_packed.py
         # check the same model in the default suite.
         pytest.param("paper", marks=pytest.mark.slow),
         # About 30 s each (the naive reference compiles sentence by sentence): `make test-slow`.
@@ -249,7 +249,7 @@ def test_no_context_crosses_a_document_boundary():
     assert np.abs(a[3, 0][real] - b[3, 0][real]).max() > 1e-4
 
 
-@pytest.mark.slow  # 33 s (since issue 20, suite time)
+@pytest.mark.slow  # 33 s (suite time)
 def test_whole_documents_reach_beyond_a_chunk_and_the_chunk_scope_does_not():
     """Document scope: the pipeline's chunks are whole documents whatever data.max_sentences
     says, so translations with max_sentences 2 and 20 agree, and no row is a split document.

@@ -1,4 +1,4 @@
-"""Pretrain-then-finetune (issue 15, items 1, 2 and 4): mapped restore of a sentence-Transformer
+"""Pretrain-then-finetune: mapped restore of a sentence-Transformer
 checkpoint into FINAL (checked through a path map written out here, not the mapping code),
 its errors, a restore onto 8 simulated devices, frozen-then-released stages with fresh Adam
 moments and a restarted schedule, and resume winning over ``init_from``."""
@@ -229,7 +229,7 @@ def _tiny_flags(synthetic_dir, workdir):
     ]
 
 
-# Slow since issue 17 (the default suite passed 20 minutes): `make test-slow`.
+# Slow (the default suite passed 20 minutes): `make test-slow`.
 @pytest.mark.slow
 def test_transformer_checkpoint_fills_final_on_eight_devices(synthetic_dir, pretrained, tmp_path):
     """Pretrained on 1 device, finetuned on 8 (data 2 x model 4) through train.py; the learning

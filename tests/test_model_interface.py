@@ -332,7 +332,7 @@ def test_random_context_moves_every_sentence_once_to_foreign_rows():
 # One decode path: dev BLEU during training = translate.py, for FINAL.
 
 
-# Slow since issue 17 (the default suite passed 20 minutes): `make test-slow`.
+# Slow (the default suite passed 20 minutes): `make test-slow`.
 @pytest.mark.slow
 def test_dev_translations_equal_translate_py_for_final(synthetic_dir, tmp_path):
     workdir = str(tmp_path / "final")

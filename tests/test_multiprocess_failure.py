@@ -1,4 +1,4 @@
-"""A process of a multi-process job dies (issue 20, item 4; BUILD_NOTES.md, "Multi-process
+"""A process of a multi-process job dies (BUILD_NOTES.md, "Multi-process
 failure"): the others end at once with one line, status 1, and a rerun resumes.
 
 Two processes on 127.0.0.1, one CPU device each, ``--heartbeat_timeout`` 20 s. Without the

@@ -1,4 +1,4 @@
-"""No silent loss of text (issue 20, item 5): translation grows its source buckets or stops
+"""No silent loss of text: translation grows its source buckets or stops
 naming file, document and line; training follows ``data.on_long`` (error | skip | truncate)
 and counts what it skipped or truncated in ``train.log``."""
 

@@ -1,4 +1,4 @@
-"""notebooks/quickstart.ipynb runs end to end at tiny settings (issue 19, item 5).
+"""notebooks/quickstart.ipynb runs end to end at tiny settings.
 
 The notebook executes in a fresh kernel (nbclient) with ``DOCNMT_NOTEBOOK_QUICK=1``: prepare
 the data, train a tiny FINAL, translate, score, draw the attention map and the context curve.

@@ -1,4 +1,4 @@
-"""The results table (issue 21): rows, budget, speed parsing and the report's arithmetic,
+"""The results table: rows, budget, speed parsing and the report's arithmetic,
 each against an independent reference (a hand count, the plan's own batches, statistics by
 hand). The whole pipeline runs in CI as ``make results-quick``."""
 

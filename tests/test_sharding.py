@@ -170,7 +170,7 @@ def test_rules_cover_every_logical_name_and_shard_as_designed():
 # Training on meshes.
 
 
-# Both slow since issue 17 (the default suite passed 20 minutes); the two-process test and the
+# Both slow (the default suite passed 20 minutes); the two-process test and the
 # mesh translation test stay in it.
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["transformer", "final"])
@@ -217,7 +217,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-# Slow since issue 20 (suite time): the default suite's two-process runs are
+# Slow (suite time): the default suite's two-process runs are
 # tests/test_multiprocess_failure.py's and test_two_processes_save_latest_and_best_at_the_same_step.
 @pytest.mark.slow
 def test_two_processes_match_one_process(one_device, synthetic_dir, tokenizer, tmp_path):

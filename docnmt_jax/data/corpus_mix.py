@@ -1,5 +1,5 @@
 """Pretraining data through config: a corpus read as one-sentence documents, and several
-corpora mixed with sampling weights (issue 15, item 3).
+corpora mixed with sampling weights.
 
 * ``config.data.train_as = "sentences"``: every sentence pair of the training corpus becomes a
   one-sentence document (Zheng et al. 2020, Sec. 5.3 / Table 4: "every single sentence is

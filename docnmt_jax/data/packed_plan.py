@@ -1,4 +1,4 @@
-"""Stage 2 of the document pipeline with packed rows (docs/design/issue14_packing_plan.md §2.1):
+"""Stage 2 of the document pipeline with packed rows (docs/design/packing_plan.md §2.1):
 the deterministic global plan of every epoch when ``PipelineConfig.packing`` is set.
 
 Items are sentences (``unit="sentence"``) or the chunks of :func:`make_chunks` (``"chunk"``).

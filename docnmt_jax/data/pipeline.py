@@ -22,7 +22,7 @@ Stages (each usable on its own; this module re-exports the entry points of the f
    ``Dataset.range`` + ``numpy_function`` (about 1.5x). :func:`numpy_batches` is an equivalent
    pure-NumPy iterator without TF (cheapest in CPU time, but it runs in the caller's thread).
 
-Packed rows (``PipelineConfig.packing``; docs/design/issue14_packing_plan.md §2.1):
+Packed rows (``PipelineConfig.packing``; docs/design/packing_plan.md §2.1):
 :func:`plan_batches` returns a :class:`PackedPlan` (:mod:`docnmt_jax.data.packed_plan`:
 sentences or chunks packed once per plan into rows of at most ``max_shapes`` lengths, batches
 ``[B, L]`` of :data:`~docnmt_jax.data.schema.PACKED_FEATURES`, shapes ``(B, L)``).

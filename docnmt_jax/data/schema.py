@@ -23,7 +23,7 @@ where that would reach before the document's first sentence and on padding rows.
 of a chunk has as context the ``K`` rows before row ``K+s`` of ``concat([context_src, src],
 axis=1)``. A batch has both of these features or neither.
 
-Packed rows (:data:`PACKED_FEATURE_AXES`, docs/design/issue14_packing_plan.md §1): sentences
+Packed rows (:data:`PACKED_FEATURE_AXES`, docs/design/packing_plan.md §1): sentences
 laid one after another in rows ``[B, L]`` (one ``L`` for both sides), every feature int32 and 0
 on padding. Per side: ``{side}`` token ids (each sentence ends with EOS), ``{side}_mask``,
 ``{side}_positions`` (inside the sentence), ``{side}_chunk_positions`` (inside the chunk,
@@ -150,7 +150,7 @@ def dummy_batch(
 
 
 # ---------------------------------------------------------------------------------------------
-# Packed rows (docs/design/issue14_packing_plan.md §1).
+# Packed rows (docs/design/packing_plan.md §1).
 
 #: Packed feature name -> its axes (``B`` rows, ``L`` row length, the same on both sides).
 PACKED_FEATURE_AXES: dict[str, str] = {

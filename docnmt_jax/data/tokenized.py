@@ -53,7 +53,7 @@ def check_on_long(value: str, key: str = "config.data.on_long") -> str:
 
 @dataclasses.dataclass(frozen=True)
 class PackingConfig:
-    """Packed rows (docs/design/issue14_packing_plan.md §2.1): the items are sentences or chunks
+    """Packed rows (docs/design/packing_plan.md §2.1): the items are sentences or chunks
     (``unit``), packed into rows of ``row_tokens * 2**i`` slots for ``i < max_shapes``;
     ``drift`` None keeps each side contiguous over the row, an int aligns each chunk's start on
     both sides and keeps a sentence's source and target offsets within ``drift`` slots.

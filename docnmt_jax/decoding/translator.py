@@ -15,7 +15,7 @@ e.g. ``models/concat.py``); the translator counts the chunks where it differs fr
 source's (:class:`TranslationStats`). ``"output_capped"``: whether the chunk's translation
 stopped at an absolute cap (below).
 
-Nothing is truncated (issue 20, item 5). Sources: every block of documents is tokenised whole;
+Nothing is truncated. Sources: every block of documents is tokenised whole;
 when its longest sentence (EOS included) is longer than ``max_src_len`` (256 by default), the
 block's source limit doubles until it holds it (``256 -> 512 -> 1024 ...``, each doubling a new
 length bucket, so compilations stay few), up to what the model takes

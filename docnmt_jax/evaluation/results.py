@@ -35,7 +35,7 @@ another on the same machine, so the ratios are sequential measurements, not inte
 
 :func:`report` turns the records into ``results.md`` / ``results.json``: one table, the
 spread over the seeds of the Transformer and FINAL (which differences exceed it), and the
-quality goals of issue 21 checked on the numbers.
+quality goals checked on the numbers.
 """
 
 from __future__ import annotations
@@ -239,7 +239,7 @@ _BASE_ROWS: tuple[Row, ...] = (
     Row("rnnsearch_hmgdc", "HM-GDC on RNNSearch", "RNN", "configs/rnnsearch_hmgdc.py"),
 )
 
-#: Rows trained with seeds 0, 1, 2 (issue 21: the spread of the Transformer and FINAL).
+#: Rows trained with seeds 0, 1, 2 (the spread of the Transformer and FINAL).
 SEEDED = ("transformer", "final")
 
 #: The Transformer trained on from its own checkpoint with a finetune row's budget: what a
@@ -726,7 +726,7 @@ def seed_count(numbers: dict[str, dict[str, Any]], base: str) -> int:
 
 
 def goals(numbers: dict[str, dict[str, Any]], row_list: Sequence[Row]) -> list[str]:
-    """Issue 21's quality goals checked on the numbers, one line each."""
+    """The results table's quality goals checked on the numbers, one line each."""
     lines = []
     t_s, t_sd = seed_spread(numbers, "transformer", "s_bleu")
     f_s, f_sd = seed_spread(numbers, "final", "s_bleu")
@@ -853,9 +853,7 @@ def report(
         lines.append(f"- {base} ({seeds} seed{'s' if seeds != 1 else ''}): " + ", ".join(cells))
     lines += ["", "**Paired significance against the same-token control:**", ""]
     lines += significance_lines(paired or {})
-    lines += ["", "**Quality goals** (issue 21, item 4):"] + (
-        goals(numbers, row_list) or ["- not measured yet"]
-    )
+    lines += ["", "**Quality goals**:"] + (goals(numbers, row_list) or ["- not measured yet"])
     signatures = next(
         (
             records[r.name]["measure"]["scores"]

@@ -2,7 +2,7 @@
 
 BLEU cannot tell a model that translates badly from one that ignores its input: at a small
 budget a constant output can score within the sentence model's seed spread (BUILD_NOTES,
-issue 21, Table 3's Doc2Sent rows). These probes can:
+the results table's Doc2Sent rows). These probes can:
 
 * **Source sensitivity** (:func:`source_sensitivity`): the teacher-forced log-likelihood per
   target token of a set of documents with their true sources, with another document's sources

@@ -19,7 +19,7 @@ Documents come as chunks ``[B, S, T]`` (``S`` sentences of ``T`` tokens, PAD aft
   a chunk in order, the memory of sentence ``k`` being the decoder states of the translation
   chosen for ``k-1`` (never the reference): :mod:`docnmt_jax.decoding.search`, slot by slot.
 
-Packed rows (training, issue 14; docs/design/issue14_packing_plan.md §1, §2.3-2.5): with
+Packed rows (training; docs/design/packing_plan.md §1, §2.3-2.5): with
 ``segments`` the inputs are rows ``[B, L]`` that hold whole chunks one after another
 (:data:`Segments`: per token its sentence and chunk ids, the sentence's slot ``k`` in the chunk,
 its position in the sentence and in the chunk), and the module computes, for every real token,
@@ -84,7 +84,7 @@ fusion has no output LayerNorm; the memory readings of :mod:`.xl`; and four read
   Table 3's "+ reset word positions" (10.0 BLEU) and "+ segment embedding" (10.5), both on
   the source side only, could not lift it from near zero (test
   ``test_the_chunk_reading_gives_every_sentence_of_a_chunk_the_same_output``; on the Bible
-  it wrote one sentence for 1,440 of 1,443 test verses, BUILD_NOTES issue 21).
+  it wrote one sentence for 1,440 of 1,443 test verses, BUILD_NOTES.md, One results table).
 """
 
 from __future__ import annotations

@@ -451,7 +451,7 @@ def shift_right_segments(ids: Array, positions: Array, bos_id: int) -> Array:
 
 
 class Band:
-    """Banded attention over packed rows of ``length`` tokens (issue 14 design, §2.3).
+    """Banded attention over packed rows of ``length`` tokens (docs/design/packing_plan.md §2.3).
 
     A row is cut into ``length // width`` blocks of ``width`` tokens; modules run on block rows
     ``[B * blocks, width, ...]`` (:meth:`blocks`, :meth:`unblock`: reshapes only) and a block's

@@ -60,9 +60,9 @@ def packed_decoder_attention(
     drift: int,
     cross_chunk: bool = False,
 ) -> PackedDecoderAttention:
-    """The decoder's attention over packed rows (issue 14 design, §1 and §2.5) from the packed
-    features ``segments`` (``{src,tgt}_{positions, chunk_positions, segment_ids, chunk_ids,
-    sentence_index}``, ``[B, L]``), with blocks of ``width`` tokens:
+    """The decoder's attention over packed rows (docs/design/packing_plan.md §1 and §2.5)
+    from the packed features ``segments`` (``{src,tgt}_{positions, chunk_positions,
+    segment_ids, chunk_ids, sentence_index}``, ``[B, L]``), with blocks of ``width`` tokens:
 
     * current part: same segment and ``pos_k <= pos_q`` (within ``M - 1`` tokens back);
     * memory part: same chunk and ``sentence_index_k == sentence_index_q - 1``, the previous

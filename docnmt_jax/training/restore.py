@@ -78,9 +78,7 @@ def checkpoint_step_dir(workdir: str, which: str) -> tuple[str, int]:
     )
 
 
-def load_model(
-    workdir: str, dtype: str = ""
-) -> tuple[Model, Tokenizer, ml_collections.ConfigDict]:
+def load_model(workdir: str, dtype: str = "") -> tuple[Model, Tokenizer, ml_collections.ConfigDict]:
     """The model of the run in ``workdir`` (from its ``config.json``), its tokenizer and
     config; ``dtype`` (e.g. ``bfloat16``) replaces the run's ``model.dtype`` ('' keeps it)."""
     config = load_config(workdir)

@@ -1,5 +1,5 @@
 """How ``tests/data/golden`` was made (run once, with the code of commit 05c332a, before the
-model-interface refactor of issue 13): tiny sentence-Transformer and FINAL runs trained 120
+model-interface refactor): tiny sentence-Transformer and FINAL runs trained 120
 steps on a synthetic corpus, and their translations of ``input.tsv`` (greedy, and beam 2 with
 alpha 1.0) by ``launch/translate.py --checkpoint latest``. ``tests/test_golden.py`` checks that
 today's code restores those checkpoints and translates them to exactly the same text.
