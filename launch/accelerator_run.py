@@ -45,6 +45,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from docnmt_jax import cli
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGES = ("versions", "tests", "benchmark", "train")
 PACKAGES = (
@@ -365,7 +367,7 @@ def run_stage(stage: str, settings: Settings) -> bool:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", required=True, help="results directory (small files only)")
     p.add_argument("--data_dir", default="data/bible", help="the prepared Bible TSVs")
     p.add_argument("--spm", default="", help="sentencepiece model (default: trained in --work)")
@@ -405,5 +407,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, ROOT)
-    sys.exit(main())
+    cli.run_argparse(main)
