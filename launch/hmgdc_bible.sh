@@ -1,6 +1,6 @@
 #!/bin/bash
 # HM-GDC (Tan et al. 2019) on the Bible with the budget of the sentence Transformer, FINAL and
-# DocT (issue 17, item 9): the real target tokens of 450 steps of the sentence Transformer
+# DocT: the real target tokens of 450 steps of the sentence Transformer
 # (~2,000 a step) for every row (launch/steps_for_tokens.py), the flags and tokenizer of
 # launch/table4_bible.sh. Rows: HM-GDC from scratch with whole-document scope (Table 4, no
 # pretraining), the same with the context cut to chunks of 20 (chunk-only scope), and

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Jean & Cho (2019)'s Table 1 on the Bible (issue 18, item 4), every row on the same budget:
+# Jean & Cho (2019)'s Table 1 on the Bible, every row on the same budget:
 # the real target tokens of TOTAL_STEPS (450) steps of the packed sentence Transformer
 # (~0.9M), each row's steps from launch/steps_for_tokens.py on its own batch plan (the two
 # context objectives train on the [B, S, T] grid, data.packed=False; Jean & Cho's model on

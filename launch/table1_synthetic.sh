@@ -1,5 +1,5 @@
 #!/bin/bash
-# Jean & Cho (2019)'s Table 1 on the synthetic context task (issue 18, item 4): a variant of
+# Jean & Cho (2019)'s Table 1 on the synthetic context task: a variant of
 # the task whose pronoun antecedents and topic words are always in the previous sentence
 # (distances=(1,), documents of 2-8 sentences, both phenomena in every document), so that
 # Jean & Cho's model (k = 1) can resolve every labelled word from its context. Every row:

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The Table 4 analogue of Zheng et al. 2020 on the Bible (issue 15, item 6): FINAL from scratch,
+# The Table 4 analogue of Zheng et al. 2020 on the Bible: FINAL from scratch,
 # + source TL and + source & target TL, each row with the same budget of optimiser steps,
 # pretraining counted (a step is one batch of ~2,000 real target tokens for both models).
 # Pretraining: the sentence Transformer on the Bible training sentences as one-sentence
