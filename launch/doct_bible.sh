@@ -1,6 +1,6 @@
 #!/bin/bash
 # DocT (Zhang et al. 2018) on the Bible with the budget of the sentence Transformer and FINAL
-#: the real target tokens of 450 steps of the sentence Transformer (~2,000
+# the real target tokens of 450 steps of the sentence Transformer (~2,000
 # a step) for every row, the flags and tokenizer of launch/table4_bible.sh (whose "FINAL from
 # scratch" row, 450 steps of ~1,850, is the FINAL row of the same table). Rows: the sentence
 # Transformer, DocT trained jointly from scratch, and DocT's two-step training (150 steps of
