@@ -242,7 +242,7 @@ class DocT(transformer.Transformer):
         concatenation; no input dropout (THUMT)."""
         positions = jnp.maximum(jnp.cumsum(context_mask > 0, axis=-1) - 1, 0)
         x = self.embed(context) + layers.sinusoidal_encoding(
-            positions, self.config.d_model, self.config.dtype
+            positions, self.config.d_model, jnp.float32
         )
         mask = layers.padding_mask(context_mask, context_mask)
         for layer in self.context_layers:

@@ -71,7 +71,8 @@ class SharedEmbedding(nn.Module):
     """One matrix for source, target and output projection (joint vocabulary).
 
     Lookups are scaled by sqrt(d_model) (Vaswani et al. 2017, Sec. 3.4); :meth:`attend` gives
-    the tied output logits h E^T.
+    the tied output logits h E^T. Lookups are float32 whatever ``dtype``: they start the
+    residual stream, which stays float32 (:class:`Sublayer`).
     """
 
     vocab_size: int
@@ -88,8 +89,8 @@ class SharedEmbedding(nn.Module):
         )
 
     def __call__(self, ids: Array) -> Array:
-        table = jnp.asarray(self.embedding, self.dtype)
-        return jnp.take(table, ids, axis=0) * jnp.asarray(np.sqrt(self.features), self.dtype)
+        table = jnp.asarray(self.embedding, jnp.float32)
+        return jnp.take(table, ids, axis=0) * np.float32(np.sqrt(self.features))
 
     def attend(self, x: Array) -> Array:
         """Tied output logits ``x E^T`` (:func:`tied_logits`)."""
@@ -363,6 +364,11 @@ class Sublayer(nn.Module):
     Pre-LN computes ``x + Drop(f(LN x))``.
 
     ``fn`` receives the (possibly normalised) input and returns the sublayer output.
+
+    Mixed precision: ``fn`` computes in ``dtype`` (its projections cast their inputs), but the
+    norm computes and returns float32 and the residual sums stay float32 (a float32 ``x`` plus
+    a bfloat16 ``fn(.)`` is float32): rounding every sum of a deep stream to bfloat16's 8 bits
+    flips beam-search near-ties (docs/accelerators.md, bfloat16 decoding).
     """
 
     pre_ln: bool
@@ -372,7 +378,7 @@ class Sublayer(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, fn: Callable[[Array], Array]) -> Array:
-        norm = layer_norm(self.dtype, name="norm")
+        norm = layer_norm(jnp.float32, name="norm")
         drop = nn.Dropout(self.dropout_rate)
         if self.pre_ln:
             return x + drop(fn(norm(x)), deterministic=self.deterministic)

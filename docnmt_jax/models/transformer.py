@@ -184,7 +184,7 @@ class Transformer(nn.Module):
 
     def _embed(self, ids: Array, positions: Array) -> Array:
         x = self.embed(ids) + layers.sinusoidal_encoding(
-            positions, self.config.d_model, self.config.dtype
+            positions, self.config.d_model, jnp.float32
         )
         return self.input_dropout(x, deterministic=self.config.deterministic)
 
