@@ -276,7 +276,7 @@ def test_tokens_per_step_counts_the_plans_real_target_tokens(synthetic_dir, tmp_
 def test_steps_for_tokens_cli_uses_the_budget_measure(synthetic_dir, tmp_path, capsys):
     """``experiments/steps_for_tokens.py`` (the shell recipes' budget) gives a model the steps whose
     real target tokens match the reference's (smaller batches: more steps)."""
-    module = _script("steps_for_tokens", "launch")
+    module = _script("steps_for_tokens")
     docs = trainer.load_documents(
         __import__("ml_collections").ConfigDict({"data_dir": synthetic_dir}), "train"
     )
@@ -484,3 +484,22 @@ def test_document_rows_are_tested_against_their_same_token_controls(tmp_path):
     assert next(r for r in payload["rows"] if r["name"] == "final")["paired"]["control"] == (
         "transformer"
     )
+
+
+def test_make_and_the_recipes_name_scripts_that_exist():
+    """``make results``, ``make results-quick`` and the shell recipes call their scripts by path
+    from the repository root: every path they name exists."""
+    import glob
+    import re
+
+    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
+        makefile = f.read()
+    assert "$(BIN)/python experiments/results.py $(ARGS)" in makefile
+    assert "$(BIN)/python experiments/results.py --quick " in makefile
+    texts = [makefile]
+    for path in glob.glob(os.path.join(ROOT, "experiments", "recipes", "*.sh")):
+        with open(path, encoding="utf-8") as f:
+            texts.append(f.read())
+    named = {p for t in texts for p in re.findall(r"\b(?:launch|experiments)/[\w/]+\.(?:py|sh)", t)}
+    assert "experiments/steps_for_tokens.py" in named
+    assert sorted(p for p in named if not os.path.exists(os.path.join(ROOT, p))) == []

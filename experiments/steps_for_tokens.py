@@ -1,9 +1,9 @@
 """How many optimiser steps give a model as many real target tokens as ``--reference_steps``
 steps of a reference model, each on its own batch plan of the Bible's training split (its
-packing or grid, its padding): the budget of ``launch/doct_bible.sh``. Prints the steps and,
-on stderr, each plan's real target tokens per step.
+packing or grid, its padding): the budget of ``experiments/recipes/doct_bible.sh``. Prints the
+steps and, on stderr, each plan's real target tokens per step.
 
-  python launch/steps_for_tokens.py --config configs/doct.py --reference configs/transformer.py
+  python experiments/steps_for_tokens.py --config configs/doct.py --reference configs/transformer.py
       --reference_steps 450 --tokenizer runs/table4/pretrain_sentences/spm.model
       [--set model.sentence_rows=True ...]
 """
