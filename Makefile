@@ -38,16 +38,16 @@ demo: data
 	$(BIN)/python launch/demo.py --train_minutes $(DEMO_MINUTES) $(ARGS)
 
 # Every registered model and the key variants on the Bible with the same budget in real target
-# tokens (launch/results.py; rerun to resume): docs/results.md and docs/results.json.
+# tokens (experiments/results.py; rerun to resume): docs/results.md and docs/results.json.
 results: data
-	$(BIN)/python launch/results.py $(ARGS)
+	$(BIN)/python experiments/results.py $(ARGS)
 
 # Without the SWORD modules (no root) the quick run uses the synthetic corpus, and says so.
 results-quick: venv
 	SWORD_OPTIONAL=1 bash launch/install_sword.sh
 	test -s $(DATA)/test.tsv || $(BIN)/python launch/prepare_data.py --corpus bible --out $(DATA) \
 	  || echo "WARNING: the Bible could not be prepared; results-quick uses the synthetic corpus"
-	$(BIN)/python launch/results.py --quick --data_dir $(DATA) $(ARGS)
+	$(BIN)/python experiments/results.py --quick --data_dir $(DATA) $(ARGS)
 
 # Two pytest workers (pytest-xdist), one test file each at a time: most of a test's time is
 # XLA compilation, which uses one core. TEST_WORKERS=0 runs in one process.
@@ -68,7 +68,7 @@ accelerator-wheels: venv
 	  --implementation cp -d .whl ml_collections==1.1.0
 
 lint: venv
-	$(BIN)/ruff check docnmt_jax launch tests configs notebooks
+	$(BIN)/ruff check docnmt_jax launch experiments tests configs notebooks
 
 clean:
 	rm -rf $(VENV) data runs .pytest_cache

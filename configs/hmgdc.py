@@ -11,7 +11,7 @@ Table 4 row 2) or ``D_s`` mixed with the document corpus's shuffled sentences
 ``python launch/train.py --config configs/hmgdc.py:finetune --config.init_from runs/PRETRAIN
 --workdir runs/hmgdc_finetune``: ``theta_s`` (every parameter named as in the Transformer)
 is restored, ``theta_d`` starts fresh, and every parameter is finetuned (Eq. 12).
-``launch/hmgdc_bible.sh`` runs the recipe on the Bible.
+``experiments/recipes/hmgdc_bible.sh`` runs the recipe on the Bible.
 
 Every sentence sees its whole document (``document_scope``: the pipeline's chunks are whole
 documents, however long). Ablations: ``configs/hmgdc_ablations.py``; paper size:

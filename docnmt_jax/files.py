@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -78,3 +79,18 @@ def write_hypotheses(
         for doc, hyps in zip(documents, hypotheses, strict=True):
             out.writelines(f"{doc.doc_id}\t{h.replace(chr(9), ' ')}\n" for h in hyps)
     return path
+
+
+def read_record(path: str) -> dict[str, Any] | None:
+    """The JSON record at ``path``; None when it is missing or unreadable (not yet written)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def write_record(path: str, record: dict[str, Any]) -> None:
+    """Writes ``record`` as indented JSON to ``path`` atomically, creating its directory."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_atomic(path, json.dumps(record, indent=2, default=float) + "\n")

@@ -34,8 +34,8 @@ VARIANTS = (
 def run_variant(loader: str, attention: str, args: argparse.Namespace, workdir: str) -> float:
     """Real target tokens/s of one training run of ``args.steps`` steps."""
     from docnmt_jax.config_files import load_config
-    from docnmt_jax.evaluation.results import train_speed
     from docnmt_jax.training import trainer
+    from docnmt_jax.training.budget import train_speed
 
     os.environ["DOCNMT_ATTENTION"] = attention
     shutil.rmtree(workdir, ignore_errors=True)

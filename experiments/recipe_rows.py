@@ -166,7 +166,7 @@ DEFAULTS_CHECKED = ("doc2doc", "doct", "hmgdc", "jean_cho", "jean_cho_margin")
 def defaults_checks() -> tuple[Recipe, ...]:
     """One divergence check per document model of :data:`DEFAULTS_CHECKED`: its config and
     layout overrides as in the results table, the schedule left at the defaults."""
-    from docnmt_jax.evaluation.results import rows
+    from experiments.results_rows import rows
 
     by_name = {row.name: row for row in rows(seeds=())}
     return tuple(

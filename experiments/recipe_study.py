@@ -64,12 +64,12 @@ def row_config(recipe: Recipe, study: Study, tokenizer_path: str, steps: int) ->
     """The training config of ``recipe``: its file, its overrides, the shared tokenizer and the
     study's step count; dev loss at the end, eight checkpoints kept."""
     from docnmt_jax.config_files import load_config
-    from docnmt_jax.evaluation.results import _set, _sized
+    from docnmt_jax.training.budget import resize_model, set_key
 
     config = load_config(recipe.config)
     for key, value in recipe.overrides:
-        _set(config, key, value)
-    _sized(config, study.model)
+        set_key(config, key, value)
+    resize_model(config, study.model)
     config.data.data_dir = study.data_dir
     config.data.tokenizer = tokenizer_path
     config.train.num_steps = steps
@@ -89,7 +89,7 @@ def row_config(recipe: Recipe, study: Study, tokenizer_path: str, steps: int) ->
 def steps_for(recipe: Recipe, study: Study, tokenizer: Any) -> tuple[int, float, int]:
     """Steps that give the row ``recipe.budget * study.budget_tokens`` real target tokens,
     with its tokens per step and the epoch's target tokens."""
-    from docnmt_jax.evaluation.results import tokens_per_step
+    from docnmt_jax.training.budget import tokens_per_step
 
     per_step, epoch = tokens_per_step(row_config(recipe, study, tokenizer.model_path, 1), tokenizer)
     return max(round(recipe.budget * study.budget_tokens / per_step), 1), per_step, epoch
@@ -124,8 +124,8 @@ def continue_from(source: str, workdir: str) -> None:
 
 
 def train_stage(recipe: Recipe, study: Study, tokenizer: Any) -> dict[str, Any]:
-    from docnmt_jax.evaluation.results import train_speed
     from docnmt_jax.training import trainer
+    from docnmt_jax.training.budget import train_speed
 
     peak = host_peak_gflops()
     steps, per_step, epoch = steps_for(recipe, study, tokenizer)
@@ -272,7 +272,7 @@ STAGES = {"train": train_stage, "measure": measure_stage}
 
 def run_row(recipe: Recipe, study: Study, stages: list[str], tokenizer: Any) -> bool:
     """Runs the row's missing stages; True when every asked stage is done."""
-    from docnmt_jax.evaluation.results import read_record, write_record
+    from docnmt_jax.files import read_record, write_record
 
     ok = True
     for stage in stages:
@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     study = Study(out=args.out, data_dir=args.data_dir)
     if args.quick:
-        from docnmt_jax.evaluation.results import TINY_MODEL
+        from docnmt_jax.training.budget import TINY_MODEL
 
         study = dataclasses.replace(
             study, budget_tokens=6000, beam=2, vocab_size=300, model=TINY_MODEL

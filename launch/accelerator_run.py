@@ -45,9 +45,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from docnmt_jax import cli
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the results table's rows: experiments/results_rows.py
+
+from docnmt_jax import cli  # noqa: E402
+
 STAGES = ("versions", "tests", "benchmark", "train")
 PACKAGES = (
     "jax",
@@ -62,7 +64,7 @@ PACKAGES = (
     "ml_collections",
     "tensorflow",
 )
-#: The pretrain -> finetune rows of the results table (docnmt_jax.evaluation.results), in order.
+#: The pretrain -> finetune rows of the results table (experiments/results_rows.py), in order.
 TRAIN_ROWS = ("transformer", "final_finetuned", "doct_two_step", "hmgdc_finetuned")
 #: The benchmark's large packed batch: this many chunks of 8 sentences of 32 tokens (16,384
 #: target tokens a step; the CPU benchmark's default is 8 chunks, 2,048 tokens).
@@ -232,14 +234,15 @@ def row_config(name: str, settings: Settings, tokenizer: str, minutes: float) ->
     """The results table's row ``name`` (config, layout overrides, init_from) with the
     configs' default recipe, trained for ``minutes`` on ``settings.data_dir``."""
     from docnmt_jax.config_files import load_config
-    from docnmt_jax.evaluation import results
+    from docnmt_jax.training.budget import TINY_MODEL, resize_model, set_key
+    from experiments.results_rows import rows
 
-    row = {r.name: r for r in results.rows(seeds=())}[name]
+    row = {r.name: r for r in rows(seeds=())}[name]
     config = load_config(os.path.join(ROOT, row.config))
     for key, value in row.overrides:
-        results._set(config, key, value)
+        set_key(config, key, value)
     if settings.smoke:
-        results._sized(config, results.TINY_MODEL)
+        resize_model(config, TINY_MODEL)
     config.model.dtype = settings.dtype
     config.data.data_dir = settings.data_dir
     config.data.tokenizer = tokenizer
@@ -262,9 +265,9 @@ def train_row(name: str, settings: Settings, tokenizer: str) -> dict[str, Any]:
     from docnmt_jax.decoding.search import SearchConfig
     from docnmt_jax.evaluation import context_marginal
     from docnmt_jax.evaluation.metrics import score_documents
-    from docnmt_jax.evaluation.results import train_speed
     from docnmt_jax.files import write_hypotheses
     from docnmt_jax.training import restore, trainer
+    from docnmt_jax.training.budget import train_speed
 
     minutes = settings.transformer_minutes if name == "transformer" else settings.finetune_minutes
     config = row_config(name, settings, tokenizer, minutes)

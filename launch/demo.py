@@ -201,7 +201,7 @@ def test_subset(path: str, books: tuple[str, ...], n: int, out: str) -> str:
 
 def train_summary(path: str) -> dict:
     """Steps, real target tokens/s and dev perplexity from ``train.log``."""
-    from docnmt_jax.evaluation.results import train_speed
+    from docnmt_jax.training.budget import train_speed
 
     out = train_speed(path)
     with open(path, encoding="utf-8") as f:

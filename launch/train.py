@@ -8,8 +8,8 @@ Devices: ``--config.mesh.data/fsdp/model`` shape the device mesh (default: data 
 every device). Several processes (hosts): run the same command in each, with
 ``--coordinator_address/--num_processes/--process_id`` (or the environment variables
 ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``), or ``--distributed``
-to take them from the cluster (TPU pod, SLURM, Open MPI); see ``launch/tpu_pod.sh`` and
-``launch/slurm_gpu.sbatch``. ``--dry_run`` parses the flags and config and exits. When a
+to take them from the cluster (TPU pod, SLURM, Open MPI); see ``launch/cluster/tpu_pod.sh``
+and ``launch/cluster/slurm_gpu.sbatch``. ``--dry_run`` parses the flags and config and exits. When a
 process dies, the others exit at once (status 1) with one line naming it and the checkpoint a
 rerun of every process resumes from; a silent host ends the job after ``--heartbeat_timeout``.
 

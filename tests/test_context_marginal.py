@@ -392,9 +392,11 @@ def jean_cho_run(synthetic_dir, tmp_path_factory):
     return workdir
 
 
-def _run(script, *args):
+def _run(script, *args, folder="launch"):
+    """``python FOLDER/SCRIPT ARGS`` from the repository root (``experiments/``: the
+    experiment commands, e.g. gate_stats.py)."""
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "launch", script), *args],
+        [sys.executable, os.path.join(ROOT, folder, script), *args],
         capture_output=True,
         text=True,
         timeout=900,
@@ -470,7 +472,10 @@ def test_evaluate_refuses_a_sentence_model_in_one_line(synthetic_dir, tmp_path):
         "context to replace"
     )
     r = _run(
-        "gate_stats.py", f"--workdir={workdir}", f"--tsv={os.path.join(synthetic_dir, 'test.tsv')}"
+        "gate_stats.py",
+        f"--workdir={workdir}",
+        f"--tsv={os.path.join(synthetic_dir, 'test.tsv')}",
+        folder="experiments",
     )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert (
@@ -484,7 +489,9 @@ def test_gate_stats_counts_every_source_token_with_context(jean_cho_run, synthet
     from docnmt_jax.training import restore
 
     tsv = os.path.join(synthetic_dir, "test.tsv")
-    r = _run("gate_stats.py", f"--workdir={jean_cho_run}", f"--tsv={tsv}", "--json")
+    r = _run(
+        "gate_stats.py", f"--workdir={jean_cho_run}", f"--tsv={tsv}", "--json", folder="experiments"
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads(r.stdout)
     _, tokenizer, _ = restore.load_model(jean_cho_run)

@@ -1,28 +1,35 @@
 """The results table: rows, budget, speed parsing and the report's arithmetic,
 each against an independent reference (a hand count, the plan's own batches, statistics by
-hand). The whole pipeline runs in CI as ``make results-quick``."""
+hand). The whole pipeline runs in CI as ``make results-quick`` (``experiments/results.py
+--quick``)."""
 
 import dataclasses
 import math
 import os
+import sys
 import time
 
 import numpy as np
 import pytest
 from conftest import ROOT
 
+from docnmt_jax import files
 from docnmt_jax.config_files import load_config
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.tokenizer import get_or_train_tokenizer
 from docnmt_jax.errors import ConfigError
-from docnmt_jax.evaluation import results as R
 from docnmt_jax.files import log_line, log_timestamp
 from docnmt_jax.models import build_model
+from docnmt_jax.training import budget as budget_lib
 from docnmt_jax.training import trainer
+
+sys.path.insert(0, ROOT)
+
+from experiments import results_report, results_rows, results_run, results_stages  # noqa: E402
 
 
 def test_every_row_loads_and_names_are_unique(tmp_path):
-    rows = R.rows()
+    rows = results_rows.rows()
     names = [r.name for r in rows]
     assert len(names) == len(set(names))
     # Every model the papers compare, and the seeds of the Transformer and FINAL.
@@ -39,12 +46,12 @@ def test_every_row_loads_and_names_are_unique(tmp_path):
         "final_seed2",
     ):
         assert name in names
-    settings = R.quick_settings(str(tmp_path), "data/bible")
+    settings = results_stages.quick_settings(str(tmp_path), "data/bible")
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
         for row in rows:
-            config = R.row_config(row, settings, 10, "spm.model")
+            config = results_stages.row_config(row, settings, 10, "spm.model")
             assert config.train.num_steps == 10 and config.train.seed == row.seed
             assert config.model.get("d_model", 32) == 32
             for key, value in row.overrides:
@@ -58,45 +65,51 @@ def test_every_row_loads_and_names_are_unique(tmp_path):
 
 
 def test_a_lower_rate_row_scales_both_trainings_and_keeps_other_records(synthetic_dir, tmp_path):
-    by_name = {r.name: r for r in R.rows()}
+    by_name = {r.name: r for r in results_rows.rows()}
     shared, half = by_name["hmgdc"], by_name["hmgdc_half_lr"]
     assert half.extra and half.lr_factor == 0.5 and shared.lr_factor == 1.0
-    settings = R.quick_settings(str(tmp_path), "data/bible")
+    settings = results_stages.quick_settings(str(tmp_path), "data/bible")
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
-        assert R.row_config(shared, settings, 10, "spm.model").train.lr_scale == settings.lr_scale
-        assert R.row_config(half, settings, 10, "spm.model").train.lr_scale == pytest.approx(
-            settings.lr_scale / 2
+        assert (
+            results_stages.row_config(shared, settings, 10, "spm.model").train.lr_scale
+            == settings.lr_scale
         )
+        assert results_stages.row_config(
+            half, settings, 10, "spm.model"
+        ).train.lr_scale == pytest.approx(settings.lr_scale / 2)
         rates = [
-            R.synthetic_config(r, settings, synthetic_dir).train.lr_scale for r in (shared, half)
+            results_stages.synthetic_config(r, settings, synthetic_dir).train.lr_scale
+            for r in (shared, half)
         ]
         assert rates == [0.5, pytest.approx(0.25)]
-        recipe = R.stage_inputs("train", half, settings, 10)["recipe"]
+        recipe = results_stages.stage_inputs("train", half, settings, 10)["recipe"]
         assert recipe["train.lr_scale"] == pytest.approx(settings.lr_scale / 2)
         assert recipe["train.warmup_steps"] == settings.warmup_steps
         # The full run trains with each config's own recipe (no private schedule), a row's
         # lr_factor scaling it, and a row's own override is never overwritten.
-        full = R.Settings(out=str(tmp_path), data_dir="data/bible")
+        full = results_stages.Settings(out=str(tmp_path), data_dir="data/bible")
         default = load_config("configs/hmgdc.py").train
-        config = R.row_config(half, full, 10, "spm.model")
+        config = results_stages.row_config(half, full, 10, "spm.model")
         assert config.train.warmup_steps == default.warmup_steps
         assert config.train.lr_scale == pytest.approx(default.lr_scale / 2)
         assert config.train.learning_rate == default.learning_rate
     finally:
         os.chdir(cwd)
-    assert R.stage_inputs("synthetic", shared, settings, 10) == {"steps": settings.synthetic_steps}
-    assert R.stage_inputs("synthetic", half, settings, 10)["lr_factor"] == 0.5
+    assert results_stages.stage_inputs("synthetic", shared, settings, 10) == {
+        "steps": settings.synthetic_steps
+    }
+    assert results_stages.stage_inputs("synthetic", half, settings, 10)["lr_factor"] == 0.5
 
 
 def test_select_rows_adds_what_a_row_starts_from():
-    picked = [r.name for r in R.select_rows("final_finetuned", seeds=(0,))]
+    picked = [r.name for r in results_rows.select_rows("final_finetuned", seeds=(0,))]
     assert picked == ["transformer", "final_finetuned"]
-    picked = [r.name for r in R.select_rows("doct", seeds=(0, 1))]
+    picked = [r.name for r in results_rows.select_rows("doct", seeds=(0, 1))]
     assert picked == ["transformer", "doct"]
     with pytest.raises(ConfigError, match="unknown rows"):
-        R.select_rows("nope", seeds=(0,))
+        results_rows.select_rows("nope", seeds=(0,))
 
 
 def test_a_log_line_carries_the_time_train_speed_reads():
@@ -116,13 +129,13 @@ def test_train_speed_adds_windows_not_rates(tmp_path):
         "2026-01-01 00:00:02 step=100 train/loss=2 train/tokens=3000 train/tokens_per_s=1000\n"
         "2026-01-01 00:00:03 step=100 dev_loss=2\n"
     )
-    speed = R.train_speed(str(log))
+    speed = budget_lib.train_speed(str(log))
     # 1000 tokens in 2 s, 3000 in 3 s: 4000 / 5 = 800 (the mean of the rates would be 750).
     assert speed["train_tokens"] == 4000
     assert speed["train_seconds"] == pytest.approx(5.0)
     assert speed["train_tokens_per_s"] == pytest.approx(800.0)
     assert speed["wall_seconds"] == pytest.approx(3.0)
-    assert R.train_speed(str(tmp_path / "missing.log"))["train_tokens_per_s"] == 0.0
+    assert budget_lib.train_speed(str(tmp_path / "missing.log"))["train_tokens_per_s"] == 0.0
     # A run that lost its checkpoints starts again at step 0: the old windows go; one that
     # resumes at step 100 keeps the windows up to it, and the wall time adds both runs (not
     # the hour between them).
@@ -132,18 +145,18 @@ def test_train_speed_adds_windows_not_rates(tmp_path):
             "2026-01-01 01:00:02 model x: 10 parameters; starting at step 100\n"
             "2026-01-01 01:00:03 step=150 train/loss=2 train/tokens=600 train/tokens_per_s=300\n"
         )
-    assert R.train_speed(str(log))["train_tokens"] == 4600
-    assert R.train_speed(str(log))["train_seconds"] == pytest.approx(7.0)
-    assert R.train_speed(str(log))["wall_seconds"] == pytest.approx(6.0)
+    assert budget_lib.train_speed(str(log))["train_tokens"] == 4600
+    assert budget_lib.train_speed(str(log))["train_seconds"] == pytest.approx(7.0)
+    assert budget_lib.train_speed(str(log))["wall_seconds"] == pytest.approx(6.0)
     with open(log, "a", encoding="utf-8") as f:
         f.write(
             "2026-01-01 02:00:00 data: 9 train / 1 dev documents\n"
             "2026-01-01 02:00:00 model x: 10 parameters; starting at step 0\n"
             "2026-01-01 02:00:01 step=50 train/loss=3 train/tokens=900 train/tokens_per_s=900\n"
         )
-    assert R.train_speed(str(log))["train_tokens"] == 900
-    assert R.train_speed(str(log))["train_seconds"] == pytest.approx(1.0)
-    assert R.train_speed(str(log))["wall_seconds"] == pytest.approx(1.0)
+    assert budget_lib.train_speed(str(log))["train_tokens"] == 900
+    assert budget_lib.train_speed(str(log))["train_seconds"] == pytest.approx(1.0)
+    assert budget_lib.train_speed(str(log))["wall_seconds"] == pytest.approx(1.0)
 
 
 def test_a_training_stopped_by_a_signal_leaves_no_record(synthetic_dir, tmp_path, monkeypatch):
@@ -156,12 +169,16 @@ def test_a_training_stopped_by_a_signal_leaves_no_record(synthetic_dir, tmp_path
         return trainer.TrainResult(step=72, dev_metrics={}, losses=[], stopped_by="sigterm")
 
     monkeypatch.setattr(trainer, "train_and_evaluate", fake_train)
-    row = next(r for r in R.rows() if r.name == "doc2doc")
-    settings = R.quick_settings(str(tmp_path), "data/bible")
+    row = next(r for r in results_rows.rows() if r.name == "doc2doc")
+    settings = results_stages.quick_settings(str(tmp_path), "data/bible")
     path = os.path.join(settings.row_dir(row.name), "train.json")
     with pytest.raises(KeyboardInterrupt, match="stopped at step 72"):
-        R.run_stage(
-            "train", row, settings, lambda: R.train_row(row, settings, 600, "spm.model"), {}
+        results_stages.run_stage(
+            "train",
+            row,
+            settings,
+            lambda: results_stages.train_row(row, settings, 600, "spm.model"),
+            {},
         )
     assert calls == [600] and not os.path.exists(path)
     # The synthetic stage's training likewise.
@@ -169,13 +186,15 @@ def test_a_training_stopped_by_a_signal_leaves_no_record(synthetic_dir, tmp_path
 
     monkeypatch.setattr(context_proof, "run", lambda *a, **k: {"step": 5, "accuracy": 0.3})
     with pytest.raises(KeyboardInterrupt, match="synthetic training stopped at 5"):
-        R.synthetic_row(row, settings, synthetic_dir)
+        results_stages.synthetic_row(row, settings, synthetic_dir)
 
 
-def _launch(name):
+def _script(name, folder="experiments"):
+    """``FOLDER/NAME.py``, a command, loaded as a module."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "launch", name + ".py"))
+    path = os.path.join(ROOT, folder, name + ".py")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -187,13 +206,12 @@ def test_restore_keeps_what_a_new_machine_can_use(tmp_path):
     finetune row still to run, and a row whose measure or params stage is still to run."""
     import json
 
-    launch = _launch("results")
-    settings = R.quick_settings(str(tmp_path / "out"), "d")
-    row_list = R.select_rows("transformer,final,doc2doc,final_finetuned", (0,))
+    settings = results_stages.quick_settings(str(tmp_path / "out"), "d")
+    row_list = results_rows.select_rows("transformer,final,doc2doc,final_finetuned", (0,))
     budget = {r.name: (10, 100.0) for r in row_list}
 
     def rec(row, stage, steps=10):
-        return {"value": stage, "inputs": R.stage_inputs(stage, row, settings, steps)}
+        return {"value": stage, "inputs": results_stages.stage_inputs(stage, row, settings, steps)}
 
     by = {r.name: r for r in row_list}
     saved = {
@@ -207,7 +225,7 @@ def test_restore_keeps_what_a_new_machine_can_use(tmp_path):
     (tmp_path / "results.json").write_text(
         json.dumps({"rows": [{"name": n, "records": r} for n, r in saved.items()]})
     )
-    count = launch.restore_records(str(doc), row_list, settings, budget)
+    count = results_run.restore_records(str(doc), row_list, settings, budget)
 
     def there(row, stage):
         return os.path.exists(os.path.join(settings.row_dir(row), f"{stage}.json"))
@@ -240,14 +258,14 @@ def _epoch_target_tokens(config, docs, tokenizer) -> tuple[int, int]:
 
 
 def test_tokens_per_step_counts_the_plans_real_target_tokens(synthetic_dir, tmp_path):
-    row = next(r for r in R.rows() if r.name == "final")
-    settings = R.quick_settings(str(tmp_path), synthetic_dir)
+    row = next(r for r in results_rows.rows() if r.name == "final")
+    settings = results_stages.quick_settings(str(tmp_path), synthetic_dir)
     docs = trainer.load_documents(
         __import__("ml_collections").ConfigDict({"data_dir": synthetic_dir}), "train"
     )
     tokenizer = get_or_train_tokenizer(str(tmp_path / "spm.model"), docs, vocab_size=320)
-    config = R.row_config(row, settings, 1, tokenizer.model_path)
-    per_step, epoch = R.tokens_per_step(config, tokenizer)
+    config = results_stages.row_config(row, settings, 1, tokenizer.model_path)
+    per_step, epoch = budget_lib.tokens_per_step(config, tokenizer)
     real, batches = _epoch_target_tokens(config, docs, tokenizer)
     # Every target token of the corpus, each sentence with its EOS.
     by_hand = sum(len(ids) + 1 for d in docs for ids in tokenizer.encode_batch(list(d.tgt)))
@@ -256,9 +274,9 @@ def test_tokens_per_step_counts_the_plans_real_target_tokens(synthetic_dir, tmp_
 
 
 def test_steps_for_tokens_cli_uses_the_budget_measure(synthetic_dir, tmp_path, capsys):
-    """``launch/steps_for_tokens.py`` (the shell recipes' budget) gives a model the steps whose
+    """``experiments/steps_for_tokens.py`` (the shell recipes' budget) gives a model the steps whose
     real target tokens match the reference's (smaller batches: more steps)."""
-    module = _launch("steps_for_tokens")
+    module = _script("steps_for_tokens")
     docs = trainer.load_documents(
         __import__("ml_collections").ConfigDict({"data_dir": synthetic_dir}), "train"
     )
@@ -280,7 +298,7 @@ def test_steps_for_tokens_cli_uses_the_budget_measure(synthetic_dir, tmp_path, c
     steps = int(capsys.readouterr().out.strip())
 
     def per_step(sets):
-        cfg = R.load_config(str(config))
+        cfg = load_config(str(config))
         for item in sets:
             key, _, value = item.partition("=")
             section, _, name = key.partition(".")
@@ -319,7 +337,7 @@ def _record(s_bleu, d_bleu, delta=None, params=1000, tok_s=100.0, sent_s=10.0):
 
 
 def test_report_ratios_spread_and_goals(tmp_path):
-    rows = R.select_rows(
+    rows = results_rows.select_rows(
         "transformer,transformer_seed1,transformer_seed2,final,final_seed1,"
         "final_seed2,final_finetuned,jean_cho,jean_cho_margin",
         (0, 1, 2),
@@ -334,8 +352,8 @@ def test_report_ratios_spread_and_goals(tmp_path):
         "jean_cho": _record(9.0, 10.0, delta=0.3),
         "jean_cho_margin": _record(9.0, 10.0, delta=-0.1),
     }
-    settings = R.quick_settings(str(tmp_path), "d")
-    text, payload = R.report(rows, records, settings, "# header")
+    settings = results_stages.quick_settings(str(tmp_path), "d")
+    text, payload = results_report.report(rows, records, settings, "# header")
     numbers = {r["name"]: r["numbers"] for r in payload["rows"]}
     assert numbers["final"]["train_ratio"] == pytest.approx(0.5)
     assert numbers["final"]["decode_ratio"] == pytest.approx(0.25)
@@ -343,7 +361,7 @@ def test_report_ratios_spread_and_goals(tmp_path):
     # final_finetuned has no record of its own: its synthetic accuracy is FINAL's.
     assert numbers["final_finetuned"]["synthetic"] == pytest.approx(0.9)
     # Transformer s-BLEU 10, 11, 12: mean 11, sample sd 1.
-    mean, sd = R.seed_spread(numbers, "transformer", "s_bleu")
+    mean, sd = results_report.seed_spread(numbers, "transformer", "s_bleu")
     assert (mean, sd) == (pytest.approx(11.0), pytest.approx(1.0))
     assert "transformer (3 seeds): s-BLEU 11.00 ± 1.00" in text
     # FINAL - Transformer: +2.00 s-BLEU (the goal holds at exactly 2), +2.00 d-BLEU (missed by 0.5).
@@ -358,12 +376,12 @@ def test_report_ratios_spread_and_goals(tmp_path):
     assert math.isclose(numbers["jean_cho"]["random_bleu"], 8.7)
     # One seed each: no spread (not a spread of 0), so no difference is said to exceed it.
     one_seed = {k: v for k, v in records.items() if "_seed" not in k}
-    text, _ = R.report(rows, one_seed, settings, "# header")
+    text, _ = results_report.report(rows, one_seed, settings, "# header")
     assert "transformer (1 seed): s-BLEU 10.00 ± –" in text
 
 
 def test_a_finetune_row_is_compared_with_the_transformer_trained_as_long(tmp_path):
-    rows = R.select_rows("hmgdc_finetuned,transformer_continued", (0,))
+    rows = results_rows.select_rows("hmgdc_finetuned,transformer_continued", (0,))
     assert [r.name for r in rows] == ["transformer", "hmgdc_finetuned", "transformer_continued"]
     control = {r.name: r for r in rows}["transformer_continued"]
     assert control.extra and control.init_from == "transformer"
@@ -372,11 +390,11 @@ def test_a_finetune_row_is_compared_with_the_transformer_trained_as_long(tmp_pat
         "transformer": _record(10.0, 12.0),
         "hmgdc_finetuned": _record(13.25, 14.0, delta=0.1),
     }
-    settings = R.quick_settings(str(tmp_path), "d")
-    text, _ = R.report(rows, records, settings, "# header")
+    settings = results_stages.quick_settings(str(tmp_path), "d")
+    text, _ = results_report.report(rows, records, settings, "# header")
     assert "its like-for-like control, `transformer_continued`, is not run yet" in text
     records["transformer_continued"] = _record(12.5, 15.5)
-    text, _ = R.report(rows, records, settings, "# header")
+    text, _ = results_report.report(rows, records, settings, "# header")
     # 13.25 - 12.5 and 14.0 - 15.5, by hand; the control is a sentence model: no Δ_BLEU.
     assert "hmgdc_finetuned against `transformer_continued` (the same tokens in all): " in text
     assert "s-BLEU +0.75, d-BLEU -1.50" in text
@@ -386,9 +404,9 @@ def test_a_finetune_row_is_compared_with_the_transformer_trained_as_long(tmp_pat
 def test_document_rows_are_tested_against_their_same_token_controls(tmp_path):
     from docnmt_jax.data.documents import Document
     from docnmt_jax.evaluation import significance
-    from docnmt_jax.evaluation.results_significance import control_of, paired_rows
+    from experiments.results_significance import control_of, paired_rows
 
-    rows = R.select_rows(
+    rows = results_rows.select_rows(
         "transformer,transformer_seed1,final,final_seed1,final_finetuned,transformer_continued,"
         "rnnsearch,rnnsearch_hmgdc",
         (0, 1),
@@ -436,7 +454,7 @@ def test_document_rows_are_tested_against_their_same_token_controls(tmp_path):
     write("transformer", 3)
     write("final", 1)
     write("final_finetuned", 2)  # its control has no translations: not tested
-    paired = paired_rows(rows, row_dir, refs, R.read_record, R.write_record)
+    paired = paired_rows(rows, row_dir, refs, files.read_record, files.write_record)
     assert set(paired) == {"final"}
     want = significance.paired_documents(
         *[
@@ -457,10 +475,31 @@ def test_document_rows_are_tested_against_their_same_token_controls(tmp_path):
     assert paired["final"]["documents"] == 4 and paired["final"]["sentences"] == 20
     # Cached by content: a second call reads paired.json; a changed hypothesis file recomputes.
     stamp = os.path.getmtime(os.path.join(row_dir("final"), "paired.json"))
-    paired_rows(rows, row_dir, refs, R.read_record, R.write_record)
+    paired_rows(rows, row_dir, refs, files.read_record, files.write_record)
     assert os.path.getmtime(os.path.join(row_dir("final"), "paired.json")) == stamp
-    text, payload = R.report(rows, {}, R.quick_settings(str(tmp_path), "d"), "# h", paired)
+    text, payload = results_report.report(
+        rows, {}, results_stages.quick_settings(str(tmp_path), "d"), "# h", paired
+    )
     assert "1 comparisons" in text and "| `final` | `transformer` |" in text
     assert next(r for r in payload["rows"] if r["name"] == "final")["paired"]["control"] == (
         "transformer"
     )
+
+
+def test_make_and_the_recipes_name_scripts_that_exist():
+    """``make results``, ``make results-quick`` and the shell recipes call their scripts by path
+    from the repository root: every path they name exists."""
+    import glob
+    import re
+
+    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
+        makefile = f.read()
+    assert "$(BIN)/python experiments/results.py $(ARGS)" in makefile
+    assert "$(BIN)/python experiments/results.py --quick " in makefile
+    texts = [makefile]
+    for path in glob.glob(os.path.join(ROOT, "experiments", "recipes", "*.sh")):
+        with open(path, encoding="utf-8") as f:
+            texts.append(f.read())
+    named = {p for t in texts for p in re.findall(r"\b(?:launch|experiments)/[\w/]+\.(?:py|sh)", t)}
+    assert "experiments/steps_for_tokens.py" in named
+    assert sorted(p for p in named if not os.path.exists(os.path.join(ROOT, p))) == []

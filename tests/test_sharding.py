@@ -294,7 +294,7 @@ def train_command(path):
 
 @pytest.mark.parametrize("recipe", ["tpu_pod.sh", "slurm_gpu.sbatch"])
 def test_launch_recipes_parse(recipe):
-    args = train_command(os.path.join(ROOT, "launch", recipe))
+    args = train_command(os.path.join(ROOT, "launch", "cluster", recipe))
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "launch", "train.py"), *args, "--dry_run"],
         capture_output=True,

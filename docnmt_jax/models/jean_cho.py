@@ -138,7 +138,7 @@ class JeanCho(transformer.Transformer):
         g = self.context_gate(jnp.concatenate([x, x_hat], axis=-1))
         if cfg.gate == "sigmoid":
             g = jax.nn.sigmoid(g)
-        self.sow("intermediates", "gate_values", g)  # launch/gate_stats.py reads these three
+        self.sow("intermediates", "gate_values", g)  # experiments/gate_stats.py reads these three
         self.sow("intermediates", "source_states", x)
         self.sow("intermediates", "context_states", x_hat)
         h = g * self.context_dropout(x_hat, deterministic=cfg.deterministic) + (1.0 - g) * x

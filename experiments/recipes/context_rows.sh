@@ -1,11 +1,13 @@
 #!/bin/bash
-# Measure the rows of a Table 1 run (launch/table1_bible.sh, launch/table1_synthetic.sh) on
-# a test TSV: a row without context (the sentence Transformer, named "transformer") is
-# translated and scored (OUT/ROW/context/scores.json); every other row is measured with
+# Measure the rows of a Table 1 run (experiments/recipes/table1_bible.sh,
+# experiments/recipes/table1_synthetic.sh) on a test TSV: a row without context (the
+# sentence Transformer, named "transformer") is translated and scored
+# (OUT/ROW/context/scores.json); every other row is measured with
 # launch/evaluate.py --workdir (true context and DRAWS random contexts, beam BEAM, alpha 0.6,
 # latest checkpoint) into OUT/ROW/context/. A row already measured is skipped.
 #
-#   bash launch/context_rows.sh OUT TEST_TSV ROW [ROW ...]   (env: DRAWS=3 BEAM=5 PYTHON=python)
+#   bash experiments/recipes/context_rows.sh OUT TEST_TSV ROW [ROW ...]
+#        (env: DRAWS=3 BEAM=5 PYTHON=python)
 set -euo pipefail
 OUT=$1
 TEST=$2

@@ -1,9 +1,9 @@
 """How many optimiser steps give a model as many real target tokens as ``--reference_steps``
 steps of a reference model, each on its own batch plan of the Bible's training split (its
-packing or grid, its padding): the budget of ``launch/doct_bible.sh``. Prints the steps and,
-on stderr, each plan's real target tokens per step.
+packing or grid, its padding): the budget of ``experiments/recipes/doct_bible.sh``. Prints the
+steps and, on stderr, each plan's real target tokens per step.
 
-  python launch/steps_for_tokens.py --config configs/doct.py --reference configs/transformer.py
+  python experiments/steps_for_tokens.py --config configs/doct.py --reference configs/transformer.py
       --reference_steps 450 --tokenizer runs/table4/pretrain_sentences/spm.model
       [--set model.sentence_rows=True ...]
 """
@@ -15,12 +15,12 @@ import sys
 from docnmt_jax import cli
 from docnmt_jax.config_files import load_config
 from docnmt_jax.data.tokenizer import load_tokenizer
-from docnmt_jax.evaluation import results
+from docnmt_jax.training.budget import tokens_per_step as plan_tokens_per_step
 
 
 def tokens_per_step(config_path: str, sets: list[str], tokenizer_path: str) -> float:
     """Mean real target tokens of one training step of ``config_path`` (with ``sets``): the
-    results table's own budget measure (:func:`results.tokens_per_step`)."""
+    results table's own budget measure (:func:`docnmt_jax.training.budget.tokens_per_step`)."""
     config = load_config(config_path)
     for item in sets:
         key, _, value = item.partition("=")
@@ -28,7 +28,7 @@ def tokens_per_step(config_path: str, sets: list[str], tokenizer_path: str) -> f
         config[section][name] = type(config[section][name])(
             value == "True" if isinstance(config[section][name], bool) else value
         )
-    return results.tokens_per_step(config, load_tokenizer(tokenizer_path))[0]
+    return plan_tokens_per_step(config, load_tokenizer(tokenizer_path))[0]
 
 
 def main(argv: list[str] | None = None) -> None:

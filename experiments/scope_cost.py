@@ -2,7 +2,7 @@
 on a corpus with the context of whole documents and with the context cut to chunks of
 ``--max_sentences`` (``model.document_scope`` False), both at once.
 
-  python launch/scope_cost.py --workdir runs/hmgdc_bible/hmgdc_document \
+  python experiments/scope_cost.py --workdir runs/hmgdc_bible/hmgdc_document \
       --tsv data/bible/test.tsv [--max_sentences 20] [--translate OUT_PREFIX] [--json]
 
 Prints per-token NLL and perplexity of the references for each scope; with ``--translate``

@@ -6,7 +6,7 @@
 # documents (data.train_as=sentences); finetuning on the documents; the test books translated
 # with beam 5 (alpha 0.6) and scored with sacreBLEU (s-BLEU, d-BLEU, chrF).
 #
-#   bash launch/table4_bible.sh [OUT_DIR]        (env: TOTAL_STEPS=450 PRETRAIN_STEPS=150)
+#   bash experiments/recipes/table4_bible.sh [OUT_DIR]   (env: TOTAL_STEPS=450 PRETRAIN_STEPS=150)
 #
 # Resumable: a finished training resumes to its last step at once; a row with its hypotheses
 # is not translated again. Results: OUT_DIR/<row>/test.scores.json and OUT_DIR/table4.md.
@@ -27,7 +27,8 @@ for rules in source all; do
     --config.init_from="$OUT/pretrain_sentences" --config.init_from_rules="$rules"
 done
 
-PYTHON="$PY" bash launch/score_rows.sh "$OUT" "$DATA" final_scratch final_source_tl final_all_tl
+PYTHON="$PY" bash experiments/recipes/score_rows.sh "$OUT" "$DATA" \
+  final_scratch final_source_tl final_all_tl
 
 $PY - "$OUT" "$TOTAL" "$PRE" <<'EOF'
 import json, sys

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Jean & Cho (2019)'s Table 1 on the Bible, every row on the same budget:
 # the real target tokens of TOTAL_STEPS (450) steps of the packed sentence Transformer
-# (~0.9M), each row's steps from launch/steps_for_tokens.py on its own batch plan (the two
+# (~0.9M), each row's steps from experiments/steps_for_tokens.py on its own batch plan (the two
 # context objectives train on the [B, S, T] grid, data.packed=False; Jean & Cho's model on
 # sentence rows, each sentence with its window: less padding than chunks). Rows:
 #   (a) transformer          the sentence Transformer
@@ -14,7 +14,7 @@
 # DRAWS (3) random contexts (beam BEAM (5), alpha 0.6, latest checkpoint) into OUT/ROW/context/ and
 # writes the scores (BLEU, context-marginalised BLEU, Delta_BLEU, Delta^D) and Fig. 1 there.
 #
-#   bash launch/table1_bible.sh [OUT_DIR] [train|score|all] [ROW ...]
+#   bash experiments/recipes/table1_bible.sh [OUT_DIR] [train|score|all] [ROW ...]
 #        (env: TOTAL_STEPS=450 DRAWS=3 BEAM=5 DATA=data/bible PYTHON=python)
 set -euo pipefail
 OUT=${1:-runs/table1_bible}
@@ -54,8 +54,8 @@ train_row() {
   else
     [ -s "$SPM" ] || { echo "$SPM: train the transformer row first" >&2; exit 2; }
     flags+=(--config.data.tokenizer="$SPM")
-    steps=$($PY launch/steps_for_tokens.py --config "$config" --reference configs/transformer.py \
-      --reference_steps "$TOTAL" --tokenizer "$SPM" "${sets[@]}")
+    steps=$($PY experiments/steps_for_tokens.py --config "$config" \
+      --reference configs/transformer.py --reference_steps "$TOTAL" --tokenizer "$SPM" "${sets[@]}")
   fi
   $PY launch/train.py --config "$config" --workdir "$OUT/$row" "${common[@]}" "${flags[@]}" \
     --config.train.num_steps="$steps"

@@ -5,7 +5,7 @@
 # Jean & Cho's model (k = 1) can resolve every labelled word from its context. Every row:
 # the tiny proof size (d 64, 2 heads, ffn 128, 2+2 layers, word-level vocabulary, no dropout),
 # STEPS (1,500) steps of 2,048-token batches, the same warm-up and learning rate. Rows as in
-# launch/table1_bible.sh: (a) transformer, (b) jean_cho_random, (c) jean_cho,
+# experiments/recipes/table1_bible.sh: (a) transformer, (b) jean_cho_random, (c) jean_cho,
 # (d) jean_cho_margin, and FINAL as (c) final / (d) final_margin; also (c)/(d) with the
 # unbounded gate printed in Appendix A (jean_cho_linear, jean_cho_linear_margin) and FINAL
 # trained by maximum likelihood on the [B, S, T] grid that the margin objective trains on
@@ -14,7 +14,7 @@
 # with launch/evaluate.py --workdir (true context and DRAWS = 3 random contexts, beam 5)
 # into OUT/ROW/context/ and scored for the labelled words (launch/context_proof.py's scorer).
 #
-#   bash launch/table1_synthetic.sh [OUT_DIR] [ROW ...]
+#   bash experiments/recipes/table1_synthetic.sh [OUT_DIR] [ROW ...]
 #        (env: STEPS=1500 LR_SCALE=1.0 SEED=0 DRAWS=3 PYTHON=python; SEED is the training seed,
 #        the data are always generated with seed 0)
 set -euo pipefail

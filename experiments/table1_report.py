@@ -1,7 +1,7 @@
-"""Jean & Cho (2019)'s Table 1 as a markdown table from the rows of ``launch/table1_bible.sh``
-or ``launch/table1_synthetic.sh``.
+"""Jean & Cho (2019)'s Table 1 as a markdown table from the rows of
+``experiments/recipes/table1_bible.sh`` or ``experiments/recipes/table1_synthetic.sh``.
 
-  python launch/table1_report.py --out runs/table1_synthetic [--labels DATA/test.labels.jsonl]
+  python experiments/table1_report.py --out runs/table1_synthetic [--labels DATA/test.labels.jsonl]
 
 Reads ``OUT/ROW/context/context.json`` (``evaluate.py --workdir``) or, for a row without
 context (the sentence Transformer), ``OUT/ROW/context/scores.json`` (``evaluate.py --hyp``),

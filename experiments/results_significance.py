@@ -5,7 +5,7 @@ and approximate randomisation; s-BLEU over sentences, d-BLEU over chapters).
 Controls: a row trained from scratch against the sentence Transformer of its own seed (seed
 rows pair seed for seed: ``final_seed1`` against ``transformer_seed1``; seeds are not pooled);
 a pretrain -> finetune row against the Transformer continued for the same tokens
-(:data:`~docnmt_jax.evaluation.results.CONTROL`); HM-GDC on RNNSearch against RNNSearch. The
+(:data:`~experiments.results_rows.CONTROL`); HM-GDC on RNNSearch against RNNSearch. The
 controls themselves are not tested. Each test reads the two rows' ``test.hyp.tsv``; its result
 is kept in ``ROW/paired.json`` keyed by both files' contents, so a rerun recomputes only what
 changed.

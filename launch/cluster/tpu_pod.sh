@@ -19,7 +19,7 @@
 #
 # Usage:
 #   TPU_NAME=my-v4-32 ZONE=us-central2-b WORKDIR=/mnt/shared/runs/final_base \
-#     bash launch/tpu_pod.sh [more train.py flags, e.g. --config.train.num_steps=200000]
+#     bash launch/cluster/tpu_pod.sh [more train.py flags, e.g. --config.train.num_steps=200000]
 #
 # Mesh: data parallel over all chips by default. For bigger models shard parameters and
 # optimiser state too, e.g. --config.mesh.data=-1 --config.mesh.fsdp=4 (4 = chips per worker);

@@ -1,7 +1,7 @@
 """How much context passes Jean & Cho's gate (Appendix A): one run's gate values
 ``g = Linear([x; x_hat_c])`` (sigmoid or linear) on every real source token of a corpus.
 
-  python launch/gate_stats.py --workdir runs/table1_synthetic/jean_cho \
+  python experiments/gate_stats.py --workdir runs/table1_synthetic/jean_cho \
       --tsv runs/table1_synthetic/data/test.tsv [--checkpoint latest] [--json]
 
 Tokens are split by whether their sentence has a context (a document's first sentence has

@@ -2,7 +2,7 @@
 # Translate the test books with each row's latest checkpoint (beam 5, alpha 0.6; skipped when
 # OUT/ROW/test.hyp.tsv exists) and score them with sacreBLEU into OUT/ROW/test.scores.json.
 #
-#   bash launch/score_rows.sh OUT DATA ROW [ROW ...]      (env: PYTHON)
+#   bash experiments/recipes/score_rows.sh OUT DATA ROW [ROW ...]      (env: PYTHON)
 set -euo pipefail
 OUT=$1
 DATA=$2

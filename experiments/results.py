@@ -1,0 +1,173 @@
+"""One results table for every model on the Bible: ``make results``.
+
+    python experiments/results.py [--out runs/results] [--doc docs/results.md]
+        [--base_steps 3000] [--rows transformer,final,...] [--seeds 0,1,2]
+        [--beam 5] [--draws 1] [--synthetic_steps 1500]
+    python experiments/results.py --quick        # tiny models, a few steps: minutes (CI)
+
+Trains every row of :func:`experiments.results_rows.rows` on the Bible with the same
+budget in real target tokens (``--base_steps`` packed sentence-Transformer steps), translates
+the test books (beam 5, alpha 0.6), measures BLEU with random context and Delta_BLEU,
+single-sentence BLEU, pronoun F1, parameters, train and decode speed, and the synthetic
+context task; then writes ``OUT/results.md`` and ``OUT/results.json`` (and ``--doc``). Every
+stage of every row is saved when done: run the same command again to resume (a larger
+``--base_steps`` trains the rows on from their checkpoints). A stage that fails is reported
+in one line (its traceback in ``OUT/rows/ROW/STAGE.error``) and the others go on; the exit
+status is then 1. ``--quick`` takes the few shortest chapters of each split (``OUT/data``)
+and tiny models; its table has every row and column of the full one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from docnmt_jax import cli  # noqa: E402
+from docnmt_jax.errors import ConfigError  # noqa: E402
+from docnmt_jax.files import log_line  # noqa: E402
+from experiments import results_run  # noqa: E402
+from experiments.results_rows import Row, select_rows  # noqa: E402
+from experiments.results_stages import STAGES, Settings, quick_settings  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny models, a few steps (CI)")
+    p.add_argument("--out", help="run directory (default runs/results, --quick runs/results_quick)")
+    p.add_argument(
+        "--doc", help="also write the report here (default docs/results.md; --quick: none)"
+    )
+    p.add_argument("--data_dir", default="data/bible", help="the prepared Bible corpus")
+    p.add_argument(
+        "--readme",
+        help="also fill this file's <!-- results:begin/end --> block with the table "
+        "(default README.md; --quick: none)",
+    )
+    p.add_argument("--rows", default="", help="comma-separated rows (default: all)")
+    p.add_argument("--seeds", default="0,1,2", help="seeds of the Transformer and FINAL rows")
+    p.add_argument("--base_steps", type=int, help="budget: packed sentence-Transformer steps")
+    p.add_argument("--beam", type=int)
+    p.add_argument("--draws", type=int, help="random-context draws for Delta_BLEU")
+    p.add_argument("--synthetic_steps", type=int)
+    p.add_argument(
+        "--stages",
+        default=",".join(STAGES),
+        help="stages to run ('': only write the report of what is saved)",
+    )
+    p.add_argument(
+        "--jobs", type=int, default=0, help="processes sharing the rows (default 1; --quick 2)"
+    )
+    p.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # set by --jobs
+    args = p.parse_args(argv)
+    if args.readme is None:
+        args.readme = "" if args.quick else "README.md"
+    return args
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    out = args.out or ("runs/results_quick" if args.quick else "runs/results")
+    if args.quick:
+        settings = quick_settings(out, os.path.join(out, "data"))
+    else:
+        settings = Settings(out=out, data_dir=args.data_dir)
+    changes = {
+        k: getattr(args, k)
+        for k in ("base_steps", "beam", "draws", "synthetic_steps")
+        if getattr(args, k) is not None
+    }
+    return dataclasses.replace(settings, **changes)
+
+
+def chosen_rows(args: argparse.Namespace, settings: Settings) -> tuple[list[Row], set[str]]:
+    """The rows this run reports (an extra row only when named, or once it is trained) and
+    the names of the rows trained already (here or in the committed report)."""
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    row_list = select_rows(args.rows, seeds if not settings.quick else [0], extras=True)
+    committed = results_run.committed_rows(results_run.doc_path(args, settings))
+    trained = {
+        r.name
+        for r in row_list
+        if r.name in committed
+        or os.path.exists(os.path.join(settings.row_dir(r.name), "train.json"))
+    }
+    if not args.rows and not settings.quick:  # extra rows run only by name; reported once run
+        row_list = [r for r in row_list if not r.extra or r.name in trained]
+    return row_list, trained
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tqdm import tqdm
+
+    args = parse_args(argv)
+    settings = settings_from(args)
+    row_list, trained = chosen_rows(args, settings)
+    stages = [s for s in args.stages.split(",") if s]
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        raise ConfigError(f"--stages: unknown {sorted(unknown)}; stages: {', '.join(STAGES)}")
+    jobs = args.jobs or (2 if settings.quick else 1)
+    start = time.monotonic()
+    plan = results_run.prepare(args, settings)
+    log_path = os.path.join(settings.out, "results.log")
+
+    def say(message: str) -> None:
+        tqdm.write(message)
+        with open(log_path, "a", encoding="utf-8") as f:
+            f.write(log_line(message))
+
+    # a report of what is saved (no stages): rows never trained need no budget
+    planned = row_list if stages else [r for r in row_list if r.name in trained]
+    budget = results_run.compute_budget(planned, settings, plan, say)
+    doc = results_run.doc_path(args, settings)
+    restored = results_run.restore_records(doc, row_list, settings, budget)
+    if restored:
+        say(f"restored {restored} stage records from {doc}")
+    if args.worker is not None:  # one of --jobs processes: its share of the rows, no report
+        mine = [r for i, r in enumerate(row_list) if i % jobs == args.worker]
+        try:
+            failed = results_run.run_rows(mine, settings, plan, budget, stages, say, lambda n: None)
+            return 1 if failed else 0
+        except KeyboardInterrupt as stop:
+            say(f"{stop or 'interrupted'}; run the same command again to resume")
+            return 130
+
+    def write_report() -> str:
+        return results_run.write_report(args, settings, plan, row_list, budget)
+
+    bar = tqdm(total=len(row_list) * len(STAGES), desc="results", unit="stage")
+    if jobs > 1:
+        failures = results_run.run_workers(args, jobs, settings, row_list, bar)
+    else:
+        try:
+            failures = results_run.run_rows(
+                row_list, settings, plan, budget, stages, say, bar.update, write_report
+            )
+        except KeyboardInterrupt as stop:  # SIGTERM/SIGINT: checkpoint saved, no record
+            bar.close()
+            write_report()
+            say(f"{stop or 'interrupted'}; run the same command again to resume")
+            return 130
+    bar.close()
+    text = write_report()
+    print(text)
+    print(
+        f"written: {settings.out}/results.md, results.json{', ' + doc if doc else ''} "
+        f"({(time.monotonic() - start) / 60:.1f} min)"
+    )
+    missing = [r.name for r in planned if r.name not in budget]
+    if failures or missing:
+        print(
+            f"results.py: failed: {', '.join(failures + [m + ' budget' for m in missing])}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run_argparse(main)
