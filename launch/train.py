@@ -31,7 +31,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from docnmt_jax import cli, parallel
+from docnmt_jax import cli, multiprocess
 from docnmt_jax.training.trainer import CheckpointError, NonFiniteError, train_and_evaluate
 
 _DEFAULT_CONFIG = os.path.join(
@@ -86,7 +86,7 @@ _DISTRIBUTED = flags.DEFINE_bool(
 )
 _HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
     "heartbeat_timeout",
-    parallel.HEARTBEAT_TIMEOUT_S,
+    multiprocess.HEARTBEAT_TIMEOUT_S,
     "Several processes: seconds without a heartbeat after which JAX declares a process lost "
     "and ends the job (a lost machine; a process that dies ends the others at once).",
 )
@@ -129,7 +129,7 @@ def main(argv: list[str]) -> None:
         config = json.loads(_CONFIG.value.to_json_best_effort())
         print(json.dumps({"workdir": workdir, "distributed": distributed, "config": config}))
         return
-    parallel.init_distributed(**distributed, resume_hint=lambda: resume_hint(workdir))
+    multiprocess.init_distributed(**distributed, resume_hint=lambda: resume_hint(workdir))
     logging.set_verbosity(logging.WARNING)  # progress goes to the bar and WORKDIR/train.log
     data = _CONFIG.value.data
     cli.note_user_paths([data.get(k) for k in ("train", "dev", "tokenizer", "data_dir")])
@@ -149,7 +149,7 @@ def main(argv: list[str]) -> None:
             f"{result.checkpoint or '(none: no step was trained)'}; run the same command "
             "again to resume"
         )
-    parallel.shutdown_distributed()  # all processes leave jax.distributed together
+    multiprocess.shutdown_distributed()  # all processes leave jax.distributed together
 
 
 if __name__ == "__main__":
