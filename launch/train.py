@@ -32,7 +32,9 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from docnmt_jax import cli, multiprocess
-from docnmt_jax.training.trainer import CheckpointError, NonFiniteError, train_and_evaluate
+from docnmt_jax.training.checkpoints import CheckpointError, NonFiniteError
+from docnmt_jax.training.dev_eval import dev_bleu_hook
+from docnmt_jax.training.trainer import train_and_evaluate
 
 _DEFAULT_CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(__file__)), "configs", "transformer.py"
@@ -136,7 +138,8 @@ def main(argv: list[str]) -> None:
     try:
         # A user's mistake (docnmt_jax.errors.UserError: model, data and packing config,
         # init_from, files) is cli.run's: one line, status 2.
-        result = train_and_evaluate(_CONFIG.value, workdir)
+        # config.train.dev_bleu: dev BLEU, d-BLEU and chrF at every evaluation.
+        result = train_and_evaluate(_CONFIG.value, workdir, dev_hook=dev_bleu_hook(_CONFIG.value))
     except (NonFiniteError, CheckpointError) as e:
         # Training diverged (NaN/Inf), or no checkpoint of the workdir restores: one line.
         print(f"train.py: error: {e}", file=sys.stderr)

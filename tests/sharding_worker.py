@@ -29,7 +29,7 @@ from flax import traverse_util  # noqa: E402
 from docnmt_jax import multiprocess, parallel  # noqa: E402
 from docnmt_jax.data.tokenizer import load_tokenizer  # noqa: E402
 from docnmt_jax.models import build_model  # noqa: E402
-from docnmt_jax.training import checkpoints, trainer  # noqa: E402
+from docnmt_jax.training import checkpoints, dev_eval, trainer  # noqa: E402
 from docnmt_jax.training import state as train_state  # noqa: E402
 
 
@@ -73,7 +73,9 @@ def main() -> None:
     results = []
     for run in SPEC.get("runs", []):
         config = ml_collections.ConfigDict(run["config"])
-        result = trainer.train_and_evaluate(config, run["workdir"], record_losses=True)
+        result = trainer.train_and_evaluate(
+            config, run["workdir"], record_losses=True, dev_hook=dev_eval.dev_bleu_hook(config)
+        )
         results.append({"losses": result.losses, "dev": result.dev_metrics})
     for item in SPEC.get("restores", []):
         params = restore_params(item["workdir"], ml_collections.ConfigDict(item["config"]))
