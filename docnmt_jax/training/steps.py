@@ -15,6 +15,9 @@ exactly. Micro-batch ``m`` of update ``s`` draws its dropout from ``fold_in(fold
 m)``. A micro-batch whose loss or gradient is NaN/Inf adds nothing (it counts in
 ``bad_steps``); an update whose micro-batches all were bad leaves parameters, moments and EMA
 as they were. ``k = 1`` is the plain step: one batch, one update, dropout ``fold_in(key, s)``.
+
+**Ahead-of-time compilation.** :func:`compile_for_shapes` compiles the train step for every
+batch shape of the data plan before the first step, so no compilation interrupts training.
 """
 
 from __future__ import annotations
