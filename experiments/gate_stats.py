@@ -25,7 +25,7 @@ from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data import readers
 from docnmt_jax.errors import UserError
 from docnmt_jax.models import doct
-from docnmt_jax.training import restore, trainer
+from docnmt_jax.training import data_setup, restore
 
 QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
 
@@ -48,7 +48,7 @@ def batch_gates(model, params, batch: dict) -> tuple[np.ndarray, np.ndarray]:
 def gate_statistics(model, params, tokenizer, docs: list, config) -> dict:
     """Quantiles of ``g`` and of the context share over the tokens of ``docs`` with context,
     the mean ``g`` of the tokens without one, and the token counts."""
-    pipeline = trainer.pipeline_config(  # the run's evaluation batches (its grid, no packing)
+    pipeline = data_setup.pipeline_config(  # the run's evaluation batches (its grid, no packing)
         config.data,
         config.train.seed,
         False,

@@ -302,11 +302,11 @@ def run_row(recipe: Recipe, study: Study, stages: list[str], tokenizer: Any) -> 
 def shared_tokenizer(study: Study) -> Any:
     from docnmt_jax.config_files import load_config
     from docnmt_jax.data.tokenizer import get_or_train_tokenizer
-    from docnmt_jax.training import trainer
+    from docnmt_jax.training import data_setup
 
     config = load_config("configs/transformer.py")
     config.data.data_dir = study.data_dir
-    docs = trainer.load_documents(config.data, "train")
+    docs = data_setup.load_documents(config.data, "train")
     os.makedirs(study.out, exist_ok=True)
     return get_or_train_tokenizer(
         os.path.join(study.out, "spm.model"), docs, vocab_size=study.vocab_size

@@ -51,7 +51,7 @@ def prepare(args: argparse.Namespace, settings: Settings) -> Plan:
     the Transformer's tokens per step (the budget's unit)."""
     from docnmt_jax.data.tokenizer import get_or_train_tokenizer
     from docnmt_jax.evaluation import context_proof
-    from docnmt_jax.training import trainer
+    from docnmt_jax.training import data_setup
 
     have_bible = os.path.exists(os.path.join(args.data_dir, "test.tsv"))
     if not have_bible and not settings.quick:
@@ -80,7 +80,7 @@ def prepare(args: argparse.Namespace, settings: Settings) -> Plan:
     import ml_collections
 
     data = ml_collections.ConfigDict({"data_dir": settings.data_dir, "corpus": "bible"})
-    train_docs = trainer.load_documents(data, "train")
+    train_docs = data_setup.load_documents(data, "train")
     tokenizer_path = os.path.join(settings.out, "spm.model")
     os.makedirs(settings.out, exist_ok=True)
     tokenizer = get_or_train_tokenizer(tokenizer_path, train_docs, vocab_size=settings.vocab_size)
@@ -93,7 +93,7 @@ def prepare(args: argparse.Namespace, settings: Settings) -> Plan:
         test=settings.synthetic_test_docs,
         task=context_proof.DENSE_TASK,
     )
-    test = trainer.load_documents(data, "test")
+    test = data_setup.load_documents(data, "test")
     stand_in = os.path.exists(os.path.join(settings.data_dir, "test.labels.jsonl"))
     corpus = "synthetic" if stand_in else "Bible"
     return Plan(tokenizer_path, ref_tokens, epoch, test, synthetic_dir, corpus)

@@ -31,8 +31,10 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from docnmt_jax import cli, parallel
-from docnmt_jax.training.trainer import CheckpointError, NonFiniteError, train_and_evaluate
+from docnmt_jax import cli, multiprocess
+from docnmt_jax.training.checkpoints import CheckpointError, NonFiniteError
+from docnmt_jax.training.dev_eval import dev_bleu_hook
+from docnmt_jax.training.trainer import train_and_evaluate
 
 _DEFAULT_CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(__file__)), "configs", "transformer.py"
@@ -86,7 +88,7 @@ _DISTRIBUTED = flags.DEFINE_bool(
 )
 _HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
     "heartbeat_timeout",
-    parallel.HEARTBEAT_TIMEOUT_S,
+    multiprocess.HEARTBEAT_TIMEOUT_S,
     "Several processes: seconds without a heartbeat after which JAX declares a process lost "
     "and ends the job (a lost machine; a process that dies ends the others at once).",
 )
@@ -129,14 +131,15 @@ def main(argv: list[str]) -> None:
         config = json.loads(_CONFIG.value.to_json_best_effort())
         print(json.dumps({"workdir": workdir, "distributed": distributed, "config": config}))
         return
-    parallel.init_distributed(**distributed, resume_hint=lambda: resume_hint(workdir))
+    multiprocess.init_distributed(**distributed, resume_hint=lambda: resume_hint(workdir))
     logging.set_verbosity(logging.WARNING)  # progress goes to the bar and WORKDIR/train.log
     data = _CONFIG.value.data
     cli.note_user_paths([data.get(k) for k in ("train", "dev", "tokenizer", "data_dir")])
     try:
         # A user's mistake (docnmt_jax.errors.UserError: model, data and packing config,
         # init_from, files) is cli.run's: one line, status 2.
-        result = train_and_evaluate(_CONFIG.value, workdir)
+        # config.train.dev_bleu: dev BLEU, d-BLEU and chrF at every evaluation.
+        result = train_and_evaluate(_CONFIG.value, workdir, dev_hook=dev_bleu_hook(_CONFIG.value))
     except (NonFiniteError, CheckpointError) as e:
         # Training diverged (NaN/Inf), or no checkpoint of the workdir restores: one line.
         print(f"train.py: error: {e}", file=sys.stderr)
@@ -149,7 +152,7 @@ def main(argv: list[str]) -> None:
             f"{result.checkpoint or '(none: no step was trained)'}; run the same command "
             "again to resume"
         )
-    parallel.shutdown_distributed()  # all processes leave jax.distributed together
+    multiprocess.shutdown_distributed()  # all processes leave jax.distributed together
 
 
 if __name__ == "__main__":

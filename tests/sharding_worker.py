@@ -3,13 +3,13 @@
 The CPU device count (``XLA_FLAGS``) and ``jax.distributed`` must be set before JAX starts, so
 the tests run this script: ``python tests/sharding_worker.py SPEC.json OUT.json``. ``SPEC``:
 ``devices`` (simulated CPU devices of this process), optional ``distributed`` (keyword
-arguments of ``parallel.init_distributed``), ``runs`` (``{"config": dict, "workdir": str}``,
+arguments of ``multiprocess.init_distributed``), ``runs`` (``{"config": dict, "workdir": str}``,
 trained in order with ``record_losses``) and ``restores`` (``{"workdir", "config", "npz"}``:
 the latest checkpoint of ``workdir`` restored onto ``config``'s mesh, parameters saved to
 ``npz``) and ``saves`` (``{"workdir", "steps"}``: a small global array saved to ``latest`` and
 ``best`` together at each of ``steps`` steps, as a run that improves at every evaluation does).
 ``OUT``: per run its losses and dev metrics (written by process 0). A distributed
-worker ends with ``parallel.shutdown_distributed`` (all processes leave together).
+worker ends with ``multiprocess.shutdown_distributed`` (all processes leave together).
 """
 
 import json
@@ -26,10 +26,10 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import traverse_util  # noqa: E402
 
-from docnmt_jax import parallel  # noqa: E402
+from docnmt_jax import multiprocess, parallel  # noqa: E402
 from docnmt_jax.data.tokenizer import load_tokenizer  # noqa: E402
 from docnmt_jax.models import build_model  # noqa: E402
-from docnmt_jax.training import checkpoints, trainer  # noqa: E402
+from docnmt_jax.training import checkpoints, dev_eval, trainer  # noqa: E402
 from docnmt_jax.training import state as train_state  # noqa: E402
 
 
@@ -69,11 +69,13 @@ def save_latest_and_best(workdir: str, steps: int) -> None:
 
 def main() -> None:
     if "distributed" in SPEC:
-        parallel.init_distributed(**SPEC["distributed"])
+        multiprocess.init_distributed(**SPEC["distributed"])
     results = []
     for run in SPEC.get("runs", []):
         config = ml_collections.ConfigDict(run["config"])
-        result = trainer.train_and_evaluate(config, run["workdir"], record_losses=True)
+        result = trainer.train_and_evaluate(
+            config, run["workdir"], record_losses=True, dev_hook=dev_eval.dev_bleu_hook(config)
+        )
         results.append({"losses": result.losses, "dev": result.dev_metrics})
     for item in SPEC.get("restores", []):
         params = restore_params(item["workdir"], ml_collections.ConfigDict(item["config"]))
@@ -86,7 +88,7 @@ def main() -> None:
     # Every process waits here until all are done, then all leave jax.distributed at once:
     # left to JAX's exit handler, a process still busy (or descheduled on a loaded machine)
     # more than the shutdown timeout after the other finished made both abort.
-    parallel.shutdown_distributed()
+    multiprocess.shutdown_distributed()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from conftest import TINY_PAIRS, TINY_TRANSFORMER, tiny_config, tiny_pairs_batch
 from docnmt_jax.models import build_model
 from docnmt_jax.objectives import build_objective
 from docnmt_jax.training import ema as ema_lib
-from docnmt_jax.training import optim, restore, steps, trainer
+from docnmt_jax.training import optim, restore, steps, supervision, trainer
 
 PAIRS = TINY_PAIRS
 
@@ -116,13 +116,13 @@ def _stop_at_call(monkeypatch, call: int):
     """The trainer's stop check answers 'sigterm' at its ``call``-th call (a signal that lands
     there: between micro-batches for the inner checks of an accumulation)."""
     calls = {"n": 0}
-    real = trainer.stop_reason
+    real = supervision.stop_reason
 
     def stop_reason(flag, deadline, every_process):
         calls["n"] += 1
         return "sigterm" if calls["n"] == call else real(flag, deadline, every_process)
 
-    monkeypatch.setattr(trainer, "stop_reason", stop_reason)
+    monkeypatch.setattr(supervision, "stop_reason", stop_reason)
 
 
 def _saved(workdir, step, tree):

@@ -12,7 +12,7 @@ from conftest import ROOT, tiny_config, tiny_final_config
 
 from docnmt_jax.data import corpus_mix
 from docnmt_jax.data.documents import Document, write_tsv
-from docnmt_jax.training import trainer
+from docnmt_jax.training import data_setup, trainer
 
 
 def _docs(prefix: str, sizes: list[int]) -> list[Document]:
@@ -77,7 +77,7 @@ def test_the_trainer_reads_a_weighted_mix_and_sentence_documents(tmp_path):
     write_tsv(second, tmp_path / "second.tsv")
     config = tiny_config(str(tmp_path))
     config.data.mix = f"{tmp_path / 'first.tsv'} 2; {tmp_path / 'second.tsv'} sentences"
-    docs = trainer.load_documents(config.data, "train", seed=0)
+    docs = data_setup.load_documents(config.data, "train", seed=0)
     # Independent count: every pair of `first` twice inside its documents, `second` once as
     # one-sentence documents.
     expected = collections.Counter({p: 2 for p in _pairs(first)}) + _pairs(second)
@@ -87,18 +87,18 @@ def test_the_trainer_reads_a_weighted_mix_and_sentence_documents(tmp_path):
     config.data.train = str(tmp_path / "first.tsv")
     config.data.dev = str(tmp_path / "second.tsv")
     config.data.train_as = "sentences"
-    docs = trainer.load_documents(config.data, "train", seed=0)
+    docs = data_setup.load_documents(config.data, "train", seed=0)
     assert _pairs(docs) == _pairs(first) and all(len(d) == 1 for d in docs)
-    assert trainer.load_documents(config.data, "dev") == second  # dev stays documents
+    assert data_setup.load_documents(config.data, "dev") == second  # dev stays documents
     config.data.mix = str(tmp_path / "first.tsv")
     with pytest.raises(corpus_mix.DataConfigError, match="both set"):
-        trainer.load_documents(config.data, "train")
+        data_setup.load_documents(config.data, "train")
     config.data.train, config.data.mix = "", str(tmp_path / "absent.tsv")
     with pytest.raises(corpus_mix.DataConfigError, match="absent.tsv"):
-        trainer.load_documents(config.data, "train")
+        data_setup.load_documents(config.data, "train")
     config.data.mix, config.data.train_as = "", "paragraphs"
     with pytest.raises(corpus_mix.DataConfigError, match="train_as"):
-        trainer.load_documents(config.data, "train")
+        data_setup.load_documents(config.data, "train")
 
 
 def test_final_pretrains_on_one_sentence_documents(synthetic_dir, tmp_path):
@@ -107,7 +107,7 @@ def test_final_pretrains_on_one_sentence_documents(synthetic_dir, tmp_path):
     workdir = str(tmp_path / "final_sentences")
     trainer.train_and_evaluate(config, workdir)
     log = open(os.path.join(workdir, "train.log"), encoding="utf-8").read()
-    sentences = sum(len(d) for d in trainer.load_documents(config.data, "train"))
+    sentences = sum(len(d) for d in data_setup.load_documents(config.data, "train"))
     assert f"data: {sentences} train /" in log  # as many documents as sentences
 
 

@@ -34,7 +34,7 @@ from docnmt_jax.models import (
 from docnmt_jax.models.base import random_context_batch, register
 from docnmt_jax.models.transformer import sentence_rows
 from docnmt_jax.objectives import Objective, ObjectiveError, build_objective, register_objective
-from docnmt_jax.training import optim, restore, trainer
+from docnmt_jax.training import dev_eval, optim, restore, trainer
 from docnmt_jax.training import state as train_state
 
 # ---------------------------------------------------------------------------------------------
@@ -148,7 +148,9 @@ def test_toy_model_and_objective_go_through_trainer_translator_and_scorer(synthe
     config = _toy_config(synthetic_dir, num_steps=30)
     config.train.dev_bleu = True
     config.train.best_metric = "dev_scale"  # a metric only the toy objective computes
-    result = trainer.train_and_evaluate(config, workdir, record_losses=True)
+    result = trainer.train_and_evaluate(
+        config, workdir, record_losses=True, dev_hook=dev_eval.dev_bleu_hook(config)
+    )
     assert result.step == 30 and result.dev_metrics["dev_scale"] == pytest.approx(3.0)
     assert {"dev_loss", "dev_nll", "dev_ppl", "dev_bleu"} <= set(result.dev_metrics)
     assert result.losses[-1] < result.losses[0]
@@ -339,7 +341,7 @@ def test_dev_translations_equal_translate_py_for_final(synthetic_dir, tmp_path):
     config = tiny_final_config(synthetic_dir, num_steps=20)
     config.train.dev_bleu = True  # greedy: dev_bleu_beam 1, alpha 0
     config.train.eval_every = 20
-    trainer.train_and_evaluate(config, workdir)
+    trainer.train_and_evaluate(config, workdir, dev_hook=dev_eval.dev_bleu_hook(config))
     dev_file = os.path.join(workdir, "dev_translations", "step_20.tsv")
     out = str(tmp_path / "dev.hyp.tsv")
     src = os.path.join(synthetic_dir, "dev.tsv")

@@ -2,10 +2,10 @@
 failure"): the others end at once with one line, status 1, and a rerun resumes.
 
 Two processes on 127.0.0.1, one CPU device each, ``--heartbeat_timeout`` 20 s. Without the
-lifelines of ``parallel.init_distributed`` a survivor waiting at a barrier would wait for the
+lifelines of ``multiprocess.init_distributed`` a survivor waiting at a barrier would wait for the
 heartbeat timeout and then abort (SIGABRT); every bound asserted here is below it.
 
-Default suite: ``parallel.init_distributed`` alone in a small driver: a process SIGKILLed while
+Default suite: ``multiprocess.init_distributed`` alone in a small driver: a process SIGKILLed while
 the other waits at the end barrier, an uncaught exception on one process, and an orderly end.
 ``slow``: ``launch/train.py`` SIGKILLed mid-training, process 1 and then (after a rerun that
 resumes) process 0, the coordinator; a last rerun beside a CPU-heavy process resumes and ends
@@ -40,10 +40,10 @@ DRIVER = """
 import sys
 import time
 
-from docnmt_jax import parallel
+from docnmt_jax import multiprocess
 
 port, index, action, marker = sys.argv[1:]
-parallel.init_distributed(
+multiprocess.init_distributed(
     f"127.0.0.1:{port}", 2, int(index), heartbeat_timeout_seconds=HEARTBEAT_S,
     resume_hint=lambda: "rerun every process",
 )
@@ -52,7 +52,7 @@ if action == "sleep":
     time.sleep(600)
 if action == "raise":
     raise RuntimeError("a bug on this process only")
-parallel.shutdown_distributed()
+multiprocess.shutdown_distributed()
 """.replace("HEARTBEAT_S", str(HEARTBEAT_S))
 
 
@@ -113,7 +113,7 @@ def _error_lines(text, prog):
 
 
 # ---------------------------------------------------------------------------------------------
-# parallel.init_distributed alone (default suite).
+# multiprocess.init_distributed alone (default suite).
 
 
 def _start_driver(tmp_path, name, actions):

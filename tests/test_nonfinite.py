@@ -237,7 +237,7 @@ def test_consecutive_bad_steps_stop_naming_step_documents_and_checkpoint(
         synthetic_dir, shared_tokenizer, num_steps=20, checkpoint_every=4, max_bad_steps=3
     )
     config.data.packed = packed
-    with pytest.raises(trainer.NonFiniteError) as error:
+    with pytest.raises(checkpoints.NonFiniteError) as error:
         trainer.train_and_evaluate(config, workdir)
     message = str(error.value)
     assert "\n" not in message
@@ -288,7 +288,7 @@ def test_a_nonfinite_state_is_never_saved_and_the_last_good_one_resumes(
     )
     with monkeypatch.context() as patch:
         patch.setattr(checkpoints.Checkpointer, "restore", poisoned)
-        with pytest.raises(trainer.NonFiniteError) as error:
+        with pytest.raises(checkpoints.NonFiniteError) as error:
             trainer.train_and_evaluate(config, str(workdir))
     assert str(error.value) == (
         f"training stopped: step 6: the train state holds NaN or Inf in 1 arrays "

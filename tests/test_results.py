@@ -21,7 +21,7 @@ from docnmt_jax.errors import ConfigError
 from docnmt_jax.files import log_line, log_timestamp
 from docnmt_jax.models import build_model
 from docnmt_jax.training import budget as budget_lib
-from docnmt_jax.training import trainer
+from docnmt_jax.training import data_setup, trainer
 
 sys.path.insert(0, ROOT)
 
@@ -241,7 +241,7 @@ def _epoch_target_tokens(config, docs, tokenizer) -> tuple[int, int]:
     """Reference: one epoch of ``config``'s training plan, batch by batch, target mask summed;
     returns (real target tokens, batches)."""
     model = build_model(config.model, tokenizer.vocab_size)
-    cfg = trainer.pipeline_config(
+    cfg = data_setup.pipeline_config(
         config.data,
         config.train.seed,
         True,
@@ -260,7 +260,7 @@ def _epoch_target_tokens(config, docs, tokenizer) -> tuple[int, int]:
 def test_tokens_per_step_counts_the_plans_real_target_tokens(synthetic_dir, tmp_path):
     row = next(r for r in results_rows.rows() if r.name == "final")
     settings = results_stages.quick_settings(str(tmp_path), synthetic_dir)
-    docs = trainer.load_documents(
+    docs = data_setup.load_documents(
         __import__("ml_collections").ConfigDict({"data_dir": synthetic_dir}), "train"
     )
     tokenizer = get_or_train_tokenizer(str(tmp_path / "spm.model"), docs, vocab_size=320)
@@ -277,7 +277,7 @@ def test_steps_for_tokens_cli_uses_the_budget_measure(synthetic_dir, tmp_path, c
     """``experiments/steps_for_tokens.py`` (the shell recipes' budget) gives a model the steps whose
     real target tokens match the reference's (smaller batches: more steps)."""
     module = _script("steps_for_tokens")
-    docs = trainer.load_documents(
+    docs = data_setup.load_documents(
         __import__("ml_collections").ConfigDict({"data_dir": synthetic_dir}), "train"
     )
     tokenizer = get_or_train_tokenizer(str(tmp_path / "spm.model"), docs, vocab_size=320)

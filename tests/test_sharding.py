@@ -227,7 +227,7 @@ def test_two_processes_match_one_process(one_device, synthetic_dir, tokenizer, t
         "distributed": {
             "coordinator_address": f"127.0.0.1:{_free_port()}",
             "num_processes": 2,
-            "process_id": 0,  # parallel.init_distributed's timeouts: sized for a loaded machine
+            "process_id": 0,  # multiprocess.init_distributed's timeouts: sized for a loaded machine
         },
         "runs": [{"config": config.to_dict(), "workdir": str(tmp_path / "run")}],
     }

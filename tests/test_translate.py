@@ -12,7 +12,7 @@ from conftest import ROOT, tiny_config
 from docnmt_jax.data import readers
 from docnmt_jax.decoding import translator as translator_lib
 from docnmt_jax.decoding.search import SearchConfig
-from docnmt_jax.training import restore, trainer
+from docnmt_jax.training import dev_eval, restore, trainer
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def trained_run(synthetic_dir, tmp_path_factory):
     config.train.best_metric = "dev_bleu"
     config.train.best_mode = "max"
     config.train.eval_every = 15
-    result = trainer.train_and_evaluate(config, workdir)
+    result = trainer.train_and_evaluate(config, workdir, dev_hook=dev_eval.dev_bleu_hook(config))
     assert {"dev_bleu", "dev_dbleu", "dev_chrf"} <= set(result.dev_metrics)
     return workdir
 

@@ -26,7 +26,7 @@ from docnmt_jax.data.tokenizer import get_or_train_tokenizer, load_tokenizer
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.evaluation import contrastive
 from docnmt_jax.models import build_model
-from docnmt_jax.training import restore, trainer
+from docnmt_jax.training import data_setup, dev_eval, restore, trainer
 
 # Settings a tiny model learns the task with in a few CPU minutes (see tests/test_context_proof).
 TINY = dict(
@@ -80,7 +80,7 @@ def warm_start(
     start from the last stage's parameters with that tokenizer."""
     if len(stage_steps) > len(CURRICULUM):
         raise ValueError(f"{len(stage_steps)} curriculum steps for {len(CURRICULUM)} stages")
-    train_docs = trainer.load_documents(config.data, "train")
+    train_docs = data_setup.load_documents(config.data, "train")
     tokenizer = get_or_train_tokenizer(
         os.path.join(workdir, "spm.model"),
         train_docs,
@@ -103,7 +103,11 @@ def warm_start(
         stage_config.init_from = init_from
         stage_config.train.num_steps = stage_config.train.eval_every = steps
         stage_config.train.checkpoint_every = steps
-        trainer.train_and_evaluate(stage_config, os.path.join(stage_dir, "model"))
+        trainer.train_and_evaluate(
+            stage_config,
+            os.path.join(stage_dir, "model"),
+            dev_hook=dev_eval.dev_bleu_hook(stage_config),
+        )
         init_from = os.path.join(stage_dir, "model")
     config = ml_collections.ConfigDict(config.to_dict())
     config.data.tokenizer = tokenizer.model_path
@@ -151,7 +155,7 @@ def proof_config(
             config.model[key] = value
         elif key == "vocab_size":
             config.data.vocab_size = value or synthetic.word_level_vocab_size(
-                trainer.load_documents(config.data, "train")
+                data_setup.load_documents(config.data, "train")
             )
         elif key == "batch_tokens":
             config.data.batch_src_tokens = value
@@ -203,11 +207,11 @@ def candidate_accuracy(
 
 def contrastive_hook(
     config: ml_collections.ConfigDict, workdir: str, split: str = "dev"
-) -> trainer.EvalHook:
+) -> dev_eval.EvalHook:
     """Eval hook: :func:`contrastive.contrastive_accuracy` on ``split`` (``ctx_acc`` overall,
     ``ctx_acc_dN`` per distance), so a run shows when the model starts to use the context."""
     data_dir = config.data.data_dir
-    docs = trainer.load_documents(config.data, split)
+    docs = data_setup.load_documents(config.data, split)
     labels = synthetic.read_labels(os.path.join(data_dir, f"{split}.labels.jsonl"))
     state: dict[str, Any] = {}
 
@@ -241,7 +245,7 @@ def score(workdir: str, data_dir: str, batch_tokens: int = 4096) -> dict[str, An
     translator, _ = restore.load_translator(
         workdir, "latest", SearchConfig(beam_size=1, alpha=0.0), batch_tokens
     )
-    docs = trainer.load_documents(ml_collections.ConfigDict({"data_dir": data_dir}), "test")
+    docs = data_setup.load_documents(ml_collections.ConfigDict({"data_dir": data_dir}), "test")
     hyps = translator.translate(docs)
     labels = synthetic.read_labels(os.path.join(data_dir, "test.labels.jsonl"))
     hypotheses = {d.doc_id: h for d, h in zip(docs, hyps, strict=True)}
@@ -263,7 +267,9 @@ def run(
     (:func:`contrastive_hook`)."""
     start = time.monotonic()
     hooks = (contrastive_hook(config, workdir, "dev"),) if track else ()
-    result = trainer.train_and_evaluate(config, workdir, eval_hooks=hooks)
+    result = trainer.train_and_evaluate(
+        config, workdir, eval_hooks=hooks, dev_hook=dev_eval.dev_bleu_hook(config)
+    )
     train_s = time.monotonic() - start
     scores = score(workdir, config.data.data_dir, config.data.eval_batch_tokens)
     scores["train_seconds"] = train_s
@@ -273,7 +279,7 @@ def run(
         return scores
     model, _, _ = restore.load_model(workdir)
     params, _ = restore.load_params(model, workdir, "latest")
-    docs = trainer.load_documents(config.data, contrastive_split)
+    docs = data_setup.load_documents(config.data, contrastive_split)
     labels = synthetic.read_labels(
         os.path.join(config.data.data_dir, f"{contrastive_split}.labels.jsonl")
     )

@@ -56,12 +56,12 @@ def tokens_per_step(config: ml_collections.ConfigDict, tokenizer: Any) -> tuple[
     from docnmt_jax.data import pipeline as pipeline_lib
     from docnmt_jax.models import build_model
     from docnmt_jax.objectives import build_objective
-    from docnmt_jax.training import trainer
+    from docnmt_jax.training import data_setup
 
     model = build_model(config.model, tokenizer.vocab_size)
     objective = build_objective(config.get("objective", {}), model)
     packed = config.data.get("packed", True) and not objective.needs_grid
-    cfg = trainer.pipeline_config(
+    cfg = data_setup.pipeline_config(
         config.data,
         config.train.seed,
         True,
@@ -70,7 +70,7 @@ def tokens_per_step(config: ml_collections.ConfigDict, tokenizer: Any) -> tuple[
         context_sentences=model.context_sentences,
         whole_documents=model.whole_documents,
     )
-    docs = trainer.load_documents(config.data, "train", config.train.seed)
+    docs = data_setup.load_documents(config.data, "train", config.train.seed)
     plan = pipeline_lib.plan_batches(docs, tokenizer.encode_batch, cfg)
     return plan.stats.tgt_tokens / max(plan.stats.batches_per_epoch, 1), plan.stats.tgt_tokens
 

@@ -15,11 +15,15 @@ exactly. Micro-batch ``m`` of update ``s`` draws its dropout from ``fold_in(fold
 m)``. A micro-batch whose loss or gradient is NaN/Inf adds nothing (it counts in
 ``bad_steps``); an update whose micro-batches all were bad leaves parameters, moments and EMA
 as they were. ``k = 1`` is the plain step: one batch, one update, dropout ``fold_in(key, s)``.
+
+**Ahead-of-time compilation.** :func:`compile_for_shapes` compiles the train step for every
+batch shape of the data plan before the first step, so no compilation interrupts training.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from docnmt_jax import parallel
+from docnmt_jax.data import schema
 from docnmt_jax.models import Metric
 from docnmt_jax.objectives import Objective
 from docnmt_jax.training import ema as ema_lib
@@ -177,3 +182,51 @@ def make_steps(
         ),
         jax.jit(eval_step, in_shardings=(shardings["params"], layout.batch), out_shardings=rep),
     )
+
+
+def abstract_batch(
+    shape: tuple[int, ...], sharding: Any, context_sentences: int = 0
+) -> dict[str, jax.ShapeDtypeStruct]:
+    """Every feature of a global batch of plan shape ``shape`` (``(B, L)`` packed rows or
+    ``(B, S, T)`` grid, with ``context_sentences`` ``K > 0`` its context window) as a
+    ``ShapeDtypeStruct`` with the batch ``sharding``."""
+    axes = schema.PACKED_FEATURE_AXES if len(shape) == 2 else dict(schema.FEATURE_AXES)
+    if context_sentences:
+        axes.update(schema.CONTEXT_FEATURE_AXES)
+    sizes = dict(zip("BL" if len(shape) == 2 else "BST", shape, strict=True))
+    sizes["K"] = context_sentences
+    return {
+        name: jax.ShapeDtypeStruct(tuple(sizes[a] for a in ax), schema.DTYPE, sharding=sharding)
+        for name, ax in axes.items()
+    }
+
+
+def compile_for_shapes(
+    train_step: Any,
+    state: PyTree,
+    local_shapes: list[tuple[int, ...]],
+    layout: parallel.Layout,
+    note: Callable[[str], None],
+    context_sentences: int = 0,
+) -> Callable[[PyTree, PyTree], tuple[PyTree, dict[str, Metric]]]:
+    """``train_step`` compiled ahead of time for every batch shape of the plan (this process's
+    ``local_shapes``; rows times ``process_count`` globally), the compile time of each logged,
+    so that no compilation interrupts training; a batch of another shape is compiled then."""
+    abstract_state = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
+    )
+    compiled: dict[tuple[int, ...], Any] = {}
+    times = []
+    for shape in local_shapes:
+        start = time.perf_counter()
+        global_shape = (shape[0] * jax.process_count(), *shape[1:])
+        batch = abstract_batch(global_shape, layout.batch, context_sentences)
+        compiled[global_shape] = train_step.lower(abstract_state, batch).compile()
+        times.append(f"{'x'.join(map(str, global_shape))} {time.perf_counter() - start:.1f} s")
+    note(f"compiled the train step for {len(compiled)} batch shapes: {', '.join(times)}")
+
+    def step(state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Metric]]:
+        executable = compiled.get(batch["src"].shape)
+        return (executable or train_step)(state, batch)
+
+    return step

@@ -1,0 +1,219 @@
+"""A training run's checkpoints: where a run starts and what each save records.
+
+A run resumes from the newest checkpoint of its workdir that restores (including its data
+position and micro-batch, so the resumed run reproduces the uninterrupted one), refused when the
+workdir's saved ``config.model`` differs (:func:`check_resumable`); a fresh run starts from
+initialised parameters, or from another run's mapped by ``init_from_rules`` (never applied when
+resuming). Every save (:class:`RunCheckpoints`) records the step, data position, dev metrics
+and the best value of ``train.best_metric`` so far, and updates the best checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import ml_collections
+import optax
+
+from docnmt_jax.errors import ConfigError
+from docnmt_jax.models import Model
+from docnmt_jax.training import checkpoints, param_mapping
+from docnmt_jax.training import ema as ema_lib
+from docnmt_jax.training import state as train_state
+
+PyTree = Any
+
+
+def _is_better(value: float, best: float | None, mode: str) -> bool:
+    if best is None:
+        return True
+    return value < best if mode == "min" else value > best
+
+
+def _flat_items(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a.b": leaf}`` for a nested dict (JSON lists compare as lists)."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    items: dict[str, Any] = {}
+    for key, value in tree.items():
+        items.update(_flat_items(value, f"{prefix}.{key}" if prefix else str(key)))
+    return items
+
+
+def check_resumable(config: ml_collections.ConfigDict, workdir: str) -> None:
+    """Refuses to resume ``workdir``'s checkpoints under another ``config.model``.
+
+    A checkpoint restores into any model whose parameter shapes agree, so a workdir trained
+    under one reading (e.g. FINAL's ``doc2sent_cross_attention="chunk"``) would silently be
+    resumed -- or scored -- as another. When ``workdir`` holds a finished checkpoint and a
+    ``config.json``, every ``model`` field present in both must be equal; fields only one side
+    has (added or retired options) are not compared. Raises a one-line :class:`ConfigError`
+    naming the fields and both values.
+    """
+    path = os.path.join(workdir, "config.json")
+    if not checkpoints.has_steps(workdir) or not os.path.exists(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f).get("model", {})
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConfigError(f"{path}: cannot read the run's saved config ({e})") from None
+    old = _flat_items(saved if isinstance(saved, dict) else {})
+    new = _flat_items(json.loads(config.model.to_json_best_effort()))
+    differ = [k for k in sorted(old.keys() & new.keys()) if old[k] != new[k]]
+    if differ:
+        shown = ", ".join(f"model.{k}: {old[k]!r} there, {new[k]!r} now" for k in differ[:4])
+        more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
+        raise ConfigError(
+            f"{path}: {workdir} holds checkpoints of another model config ({shown}{more}); "
+            "use a new workdir, or the saved config to resume"
+        )
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where a run is: optimiser updates done (``step``), global batches consumed
+    (``position``: the data plan's step and the checkpoints' number, ``step * k + micro``; the
+    step itself without accumulation) and micro-batches into the current update (``micro``)
+    with ``accumulate_steps`` ``k``."""
+
+    step: int
+    position: int
+    micro: int
+    accumulate_steps: int
+
+    @classmethod
+    def of(cls, state: PyTree, accumulate_steps: int) -> Progress:
+        """The progress a (restored or fresh) train ``state`` is at."""
+        step = int(state["step"])
+        micro = int(jax.device_get(state["accum"]["micro"])) if "accum" in state else 0
+        return cls(step, step * accumulate_steps + micro, micro, accumulate_steps)
+
+
+class RunCheckpoints:
+    """The checkpoints of a run in ``workdir`` (the latest ``train.keep_checkpoints`` and the
+    best by ``train.best_metric``/``best_mode``), with the metadata a resume needs."""
+
+    def __init__(self, workdir: str, config: ml_collections.ConfigDict):
+        self.config = config
+        self.best_metric, self.best_mode = config.train.best_metric, config.train.best_mode
+        self.best_value: float | None = None
+        self.checkpointer = checkpoints.Checkpointer(workdir, keep=config.train.keep_checkpoints)
+
+    def restore_latest(
+        self, abstract: PyTree, warn: Callable[[str], None]
+    ) -> tuple[PyTree, dict] | None:
+        """The state and meta of the newest checkpoint that restores (a corrupt one is skipped,
+        ``warn`` naming it), or None; the best value so far comes with it."""
+        restored = self.checkpointer.restore("latest", abstract, warn=warn)
+        if restored is not None:
+            self.best_value = restored[1].get("best_value")
+        return restored
+
+    def save(
+        self,
+        state: PyTree,
+        progress: Progress,
+        dev: dict[str, float] | None,
+        latest: bool = True,
+    ) -> None:
+        """Saves ``state`` as checkpoint ``progress.position`` with the ``dev`` metrics of its
+        step (None: not evaluated), as the best checkpoint too when they are the best so far;
+        ``latest=False`` writes the best alone. A state holding NaN or Inf is never saved
+        (:class:`~docnmt_jax.training.checkpoints.NonFiniteError`)."""
+        is_best = False
+        if dev is not None and self.best_metric in dev:
+            is_best = _is_better(dev[self.best_metric], self.best_value, self.best_mode)
+        meta = {
+            "step": progress.step,
+            "data_step": progress.position,
+            "accumulate_steps": progress.accumulate_steps,
+            "micro": progress.micro,
+            "dev": dev or {},
+            "best_metric": self.best_metric,
+            "best_value": dev[self.best_metric] if is_best else self.best_value,
+            "config": json.loads(self.config.to_json_best_effort()),
+        }
+        self.checkpointer.save(progress.position, state, meta, best=is_best, latest=latest)
+        if is_best:
+            self.best_value = dev[self.best_metric]
+
+    def last_good(self) -> str:
+        """The newest complete checkpoint, as a log message names it."""
+        done = self.checkpointer.latest_complete()
+        return "none saved yet" if done is None else f"{done[1]} (step {done[0]})"
+
+    def newest(self) -> str:
+        """The newest complete ``checkpoints/<step>`` directory ('' when none)."""
+        done = self.checkpointer.latest_complete()
+        return "" if done is None else os.fspath(done[1])
+
+    def wait(self) -> None:
+        self.checkpointer.wait()
+
+    def close(self) -> None:
+        self.checkpointer.close()
+
+
+def restore_or_init(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    model: Model,
+    tx: optax.GradientTransformation,
+    shardings: PyTree,
+    abstract: PyTree,
+    saved: RunCheckpoints,
+    init_dir: str | None,
+    note: Callable[[str], None],
+    warn: Callable[[str], None],
+) -> PyTree:
+    """The train state a run starts from: its newest checkpoint that restores, else a fresh
+    state (``train.seed``) whose parameters, with ``init_from``, are the ``init_dir`` run's
+    mapped by ``init_from_rules`` (the optimiser state stays fresh; the table goes to
+    ``WORKDIR/init_from.tsv``). ``note`` and ``warn`` write the run log."""
+    restored = saved.restore_latest(abstract, warn)
+    if restored is not None:
+        state, meta = restored
+        note(
+            f"resumed from step {meta['step']} (data position {meta['data_step']}"
+            + (
+                f", micro-batch {meta['micro']} of {meta['accumulate_steps']})"
+                if meta.get("micro")
+                else ")"
+            )
+        )
+        return state
+    state = train_state.init_state(model, tx, shardings, config.train.seed)
+    if not config.get("init_from", ""):
+        return state
+    # Parameters only, mapped by init_from_rules. A resumed run never gets here: its own latest
+    # checkpoint wins over init_from.
+    params, rows, state_dir = param_mapping.init_from_checkpoint(
+        config, model, state["params"], init_dir
+    )
+    note(
+        f"init_from {state_dir} (init_from_rules={config.get('init_from_rules', '')!r}): "
+        f"{param_mapping.summary(rows)}; table in {os.path.join(workdir, 'init_from.tsv')}"
+        "\n" + param_mapping.format_table(rows)
+    )
+    if jax.process_index() == 0:
+        param_mapping.write_table(os.path.join(workdir, "init_from.tsv"), rows)
+    state = dict(state, params=params)
+    if "ema" in state:  # the average starts at the initial parameters
+        state["ema"] = jax.jit(ema_lib.init, out_shardings=shardings["ema"])(params)
+    return state
+
+
+def init_from_dir(config: ml_collections.ConfigDict, workdir: str) -> str | None:
+    """The state directory of the ``init_from`` run when this run starts fresh from it (None
+    when it resumes its own checkpoints or has no ``init_from``). The rules are parsed first,
+    so a bad ``init_from`` or rule fails fast, before data and compilation."""
+    if not config.get("init_from", "") or checkpoints.has_steps(workdir):
+        return None
+    param_mapping.parse_rules(config.get("init_from_rules", ""))
+    return param_mapping.checkpoint_dir(config)
