@@ -141,6 +141,14 @@ def layer_norm(dtype: Dtype, name: str | None = None) -> nn.LayerNorm:
     )
 
 
+def float32_output_dot(lhs: Array, rhs: Array, *args: Any, **kwargs: Any) -> Array:
+    """``lax.dot_general`` whose products accumulate and stay float32 whatever the inputs'
+    dtype: the sublayers' last projections (FFN ``wo``, attention ``out``) hand the float32
+    residual stream an unrounded sum (:class:`Sublayer`)."""
+    kwargs["preferred_element_type"] = jnp.float32
+    return jax.lax.dot_general(lhs, rhs, *args, **kwargs)
+
+
 class FeedForward(nn.Module):
     """Position-wise FFN(x) = max(0, xW1 + b1)W2 + b2 (Vaswani et al. 2017, Eq. 2)."""
 
@@ -165,6 +173,7 @@ class FeedForward(nn.Module):
         return nn.Dense(
             features,
             dtype=self.dtype,
+            dot_general=float32_output_dot,
             kernel_init=partitioned(nn.initializers.xavier_uniform(), ("mlp", "embed")),
             bias_init=partitioned(nn.initializers.zeros_init(), ("embed",)),
             name="wo",
@@ -194,6 +203,7 @@ def output_projection(model_dim: int, dtype: Dtype, name: str | None = None) -> 
         features=model_dim,
         axis=(-2, -1),
         dtype=dtype,
+        dot_general=float32_output_dot,
         kernel_init=partitioned(nn.initializers.xavier_uniform(), ("heads", "kv", "embed")),
         bias_init=partitioned(nn.initializers.zeros_init(), ("embed",)),
         name=name,
