@@ -1,6 +1,7 @@
 """The layers of FINAL (Zheng et al. 2020, Sec. 4): segment-level relative attention, Eq. (1),
-the global context layer with the gated fusion, the local encoder layer and the decoder layer
-without XL memory; the model that assembles them is :mod:`.final`.
+the global context layer with the gated fusion, the local encoder layer, the decoder layer
+without XL memory, the search's per-slot steps (:class:`FinalSearchSteps`) and the Table 4
+transfer map (:func:`transformer_rules`); the model that assembles them is :mod:`.final`.
 
 Packed rows (training; docs/design/packing_plan.md §1, §2.3-2.5): with
 ``segments`` the inputs are rows ``[B, L]`` that hold whole chunks one after another
@@ -27,7 +28,7 @@ layers, ``ceil((M-1)/W)`` back for the causal part, ``ceil((2M-1)/W)`` back for 
 slots); the global layer, ``doc2sent``'s local layers and the chunk-wide cross-attention stay
 dense over the row. Windows drop only masked keys, so banded equals dense; their cost per
 token does not grow with ``L``. The data must keep every sentence within ``M`` tokens and the
-drift within ``D`` (the planner's :meth:`FinalModel.packing`), and at most ``max_segments``
+drift within ``D`` (the planner's :meth:`~.final.FinalModel.packing`), and at most ``max_segments``
 sentences per chunk.
 
 Readings of the layers beyond the paper (the fourth, Doc2Sent, is in :mod:`.final`):
