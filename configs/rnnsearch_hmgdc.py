@@ -10,7 +10,7 @@ Two-step training (Sec. 2.3): train ``configs/rnnsearch.py`` first, then
 --config.init_from runs/rnnsearch --workdir runs/rnnsearch_hmgdc_two_step``: ``theta_s``
 (every parameter named as in RNNSearch) is restored from that run, ``theta_d`` (sentence and
 context attention, unshared document layers) starts fresh, and both train (Eq. 12).
-Model: ``docnmt_jax/models/rnnsearch.py``.
+Model: ``docnmt_jax/models/hmgdc_rnn.py`` (blocks: ``rnnsearch.py``, ``rnn_layers.py``).
 """
 
 import ml_collections
@@ -25,7 +25,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
             f"configs/rnnsearch_hmgdc.py: unknown variant {variant!r}; variants: two_step"
         )
     config = sibling_config(__file__, "rnnsearch.py")
-    config.model.name = "rnnsearch_hmgdc"  # docnmt_jax/models/rnnsearch.py
+    config.model.name = "rnnsearch_hmgdc"  # docnmt_jax/models/hmgdc_rnn.py
     config.model.num_heads = 4  # sentence self-attention (Eq. 2) and context attention (Eq. 5)
     config.model.num_document_layers = 2  # DocEnc bi-GRU layers (Eq. 4)
     config.model.share_encoder = True  # DocEnc layer l is SentEnc layer l (Sec. 2.3)

@@ -14,8 +14,9 @@ from docnmt_jax.models.concat import Doc2DocModel
 from docnmt_jax.models.doct import SENTENCE_PARAMETERS, DocTModel
 from docnmt_jax.models.final import FinalModel
 from docnmt_jax.models.hmgdc import HMGDCModel
+from docnmt_jax.models.hmgdc_rnn import RNNSearchHMGDCModel
 from docnmt_jax.models.jean_cho import JeanChoModel
-from docnmt_jax.models.rnnsearch import RNNSearchHMGDCModel, RNNSearchModel
+from docnmt_jax.models.rnnsearch import RNNSearchModel
 from docnmt_jax.models.transformer import TransformerModel
 
 CONFIG_FILES = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))

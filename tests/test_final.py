@@ -18,12 +18,8 @@ from docnmt_jax.decoding.search import (
     source_length_limits,
 )
 from docnmt_jax.models import layers
-from docnmt_jax.models.final import (
-    Final,
-    FinalConfig,
-    FinalModel,
-    SegmentRelativeAttention,
-)
+from docnmt_jax.models.final import Final, FinalConfig, FinalModel
+from docnmt_jax.models.final_layers import SegmentRelativeAttention
 from docnmt_jax.models.xl import empty_memory
 
 V = 23

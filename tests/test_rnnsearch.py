@@ -21,7 +21,7 @@ from docnmt_jax.data.schema import dummy_batch
 from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from docnmt_jax.decoding.search import SearchConfig, sentence_limits
 from docnmt_jax.models import ModelError, build_model, layers
-from docnmt_jax.models.rnnsearch import DOCUMENT_PARAMETERS
+from docnmt_jax.models.hmgdc_rnn import DOCUMENT_PARAMETERS
 from docnmt_jax.training import param_mapping
 
 V = 24

@@ -19,59 +19,21 @@ Documents come as chunks ``[B, S, T]`` (``S`` sentences of ``T`` tokens, PAD aft
   a chunk in order, the memory of sentence ``k`` being the decoder states of the translation
   chosen for ``k-1`` (never the reference): :mod:`docnmt_jax.decoding.search`, slot by slot.
 
-Packed rows (training; docs/design/packing_plan.md §1, §2.3-2.5): with
-``segments`` the inputs are rows ``[B, L]`` that hold whole chunks one after another
-(:data:`Segments`: per token its sentence and chunk ids, the sentence's slot ``k`` in the chunk,
-its position in the sentence and in the chunk), and the module computes, for every real token,
-exactly what the grid computes, with masks in place of the grid's axes: local layers attend
-within the sentence (``doc2sent``: the chunk), the global layer within the chunk at the clipped
-distance of the sentence slots, a chunk with one sentence skips it, the decoder attends
-causally within the sentence, its XL memory is the tokens of the same chunk with slot
-``k - 1``, cross-attention reads the source tokens of the same sentence (the chunk reading of
-the Doc2Sent rows: of the same chunk, dense over the row). Why this is the grid's
-computation: the masks select the same key sets (ids are unique in a row and a chunk never
-leaves its row); the XL distances are differences of chunk positions, which count real target
-tokens only, so ``(C_{k-1} + n_{k-1} + i) - (C_{k-1} + j) = i + n_{k-1} - j`` is the grid's
-memory distance and ``i - j`` its current one, whatever gaps the row has; masked keys get weight
-exactly 0 and everything else acts per token, so by induction over layers every real token's
-states, logits and loss terms are the grid's, and so are the gradients (the stop-gradient sits on
-the same memory states). Attention is banded (:class:`~.layers.Band`): blocks of
-``W = packed_block`` queries see windows of neighbouring blocks sized from ``M =
-max_sentence_len`` and ``D = packed_drift``: ``ceil((M-1)/W)`` blocks either way for the local
-layers, ``ceil((M-1)/W)`` back for the causal part, ``ceil((2M-1)/W)`` back for the memory
-(sentence ``k - 1`` starts at most ``M`` slots before sentence ``k`` under the drift rule), and
-``ceil((M-1+D)/W)`` either way for cross-attention (a sentence's sides start within ``D``
-slots); the global layer, ``doc2sent``'s local layers and the chunk-wide cross-attention stay
-dense over the row. Windows drop only masked keys, so banded equals dense; their cost per
-token does not grow with ``L``. The data must keep every sentence within ``M`` tokens and the
-drift within ``D`` (the planner's :meth:`FinalModel.packing`), and at most ``max_segments``
-sentences per chunk.
+Packed rows (training; docs/design/packing_plan.md §1, §2.3-2.5): the module computes, for
+every real token, exactly what the grid computes, with masks in place of the grid's axes
+(the argument and the attention bands: :mod:`.final_layers`).
 
 Switches make the rows of Table 3 configurations of this one module (the switch table is in
 the config layer, ``configs/final_table3.py``); the decoder layer class is chosen once, in
-:meth:`Final.setup` (:class:`~.xl.XLDecoderLayer` or :class:`SentenceDecoderLayer`).
+:meth:`Final.setup` (:class:`~.xl.XLDecoderLayer` or
+:class:`~.final_layers.SentenceDecoderLayer`); the steps of the search are
+:class:`~.final_layers.FinalSearchSteps`.
 Decisions beyond the paper: per-head scaling ``1/sqrt(d_model/heads)``; without the fusion
 gate ``h = LN(h^L + h^G)``; with ``pre_ln`` the global layer normalises its input and the
-fusion has no output LayerNorm; the memory readings of :mod:`.xl`; and four readings:
+fusion has no output LayerNorm; the memory readings of :mod:`.xl`; three readings of the
+layers (the global layer's feed-forward sublayer, per-head ``gamma^K``/``gamma^V``,
+projection biases) in :mod:`.final_layers`; and one of the model:
 
-* The global layer ends with a feed-forward sublayer after the fusion
-  (:class:`GlobalContextLayer`: ``ffn_block(fused, ffn)``). Sec. 4.1 adds "an additional
-  layer on the top of the local context encoding layers" whose equations stop at
-  ``h = LayerNorm((1-g) h^L + g h^G)``; we read "layer" as the Transformer layer it replaces
-  (the encoder keeps ``N`` layers of attention + FFN, Sec. 5.1's ``N = 4``): the fusion takes
-  the place of the attention sublayer's residual + LayerNorm, the FFN sublayer stays, so a
-  sentence Transformer's top encoder layer fills it (:meth:`FinalModel.transformer_rules`).
-* ``gamma^K``/``gamma^V`` are per head, ``[2R+1, H, D/H]``
-  (:class:`SegmentRelativeAttention`: ``relative_key``/``relative_value``). Eq. (1) adds
-  ``gamma^K_{k-kappa}``, "a parameter vector", to ``x W^K`` and scales by ``sqrt(d_z)``, with
-  ``d_z = 256`` the model dimension (Sec. 5.1): a ``d_z``-vector added before
-  ``MultiHead`` splits ``x W^K`` into heads is one slice per head (Shaw et al. 2018 instead
-  share one head-sized vector across heads).
-* The projections ``W^Q``, ``W^K``, ``W^V`` and the output projection have biases
-  (:func:`~.layers.heads_projection`, :func:`~.layers.output_projection`, ``use_bias``
-  default). Eq. (1) names "linear projection matrices"; with biases they are the sentence
-  Transformer's attention projections (ours have biases), so the Table 4 transfer maps them
-  one to one.
 * Doc2Sent rows (``doc2sent``): the lower encoder layers read the whole chunk as one
   sequence (Table 3's caption: "using a entire document as a sequence for input"), and each
   target sentence cross-attends to its own slice ``h_k`` of that encoding (Sec. 4.2's
@@ -95,7 +57,6 @@ from typing import Any, ClassVar
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from docnmt_jax import flops
 from docnmt_jax.data import schema
@@ -109,24 +70,25 @@ from docnmt_jax.decoding.search import (
     search_decoder,
     sentence_limits,
 )
-from docnmt_jax.models import layers, transformer
+from docnmt_jax.models import layers
 from docnmt_jax.models.base import BaseModel, BatchLayout, ModelError, register, require_grid
+from docnmt_jax.models.final_layers import (
+    SEGMENT_FEATURES,
+    FinalSearchSteps,
+    GlobalContextLayer,
+    LocalEncoderLayer,
+    Segments,
+    SentenceDecoderLayer,
+    transformer_rules,
+)
 from docnmt_jax.models.transformer import TransformerConfig
 from docnmt_jax.models.xl import (
-    Cache,
-    Memory,
     MemoryKV,
-    PackedDecoderAttention,
     XLDecoderLayer,
-    memory_from_states,
     packed_decoder_attention,
 )
 
 Array = jax.Array
-#: Packed rows (:data:`~docnmt_jax.data.schema.PACKED_FEATURES`): ``{side}_{name}`` ``[B, L]``
-#: for ``side`` in src/tgt and ``name`` in :data:`SEGMENT_FEATURES`.
-Segments = dict[str, Array]
-SEGMENT_FEATURES = ("positions", "chunk_positions", "segment_ids", "chunk_ids", "sentence_index")
 #: Readings of the Doc2Sent rows' cross-attention (:attr:`FinalConfig.doc2sent_cross_attention`).
 DOC2SENT_CROSS_ATTENTION = ("own_slice", "chunk")
 
@@ -192,214 +154,7 @@ class FinalConfig(TransformerConfig):
         return self.doc2sent and self.doc2sent_cross_attention == "chunk"
 
 
-def _relpos_init() -> layers.Initializer:
-    return layers.partitioned(nn.initializers.normal(stddev=0.02), ("relpos", "heads", "kv"))
-
-
-class SegmentRelativeAttention(nn.Module):
-    """Multi-head segment-level relative attention, Eq. (1), over the tokens of a chunk.
-
-    ``gamma^K``/``gamma^V`` (``[2R+1, H, D/H]``) are indexed by the clipped sentence distance
-    ``k - kappa``. The query-gamma products are computed once per distance and spread over
-    sentence pairs with a one-hot ``[S, S, 2R+1]``; the value term is (attention mass per
-    distance) @ ``gamma^V``. Nothing of size ``[S*T, S*T, D]`` is built. Packed rows (given
-    ``sentence_index``) use one-hots per token instead: query token to (sentence, distance)
-    ``[L, S, 2R+1]`` and key token to sentence ``[L, S]``.
-    """
-
-    config: FinalConfig
-
-    @nn.compact
-    def __call__(
-        self, x: Array, mask: Array, num_sentences: int, sentence_index: Array | None = None
-    ) -> tuple[Array, Array]:
-        """``x [B, S*T, D]``, token ``mask [B, S*T]`` -> (output ``[B, S*T, D]``, weights
-        ``[B, H, S*T, S*T]`` before dropout). Packed rows (``sentence_index [B, L]``, the slot
-        of each token's sentence in its chunk): ``x [B, L, D]``, ``mask`` the boolean
-        attention mask ``[B, 1, L, L]`` (same chunk) and ``num_sentences`` the most sentences
-        a chunk may have; output ``[B, L, D]``, weights ``[B, H, L, L]``."""
-        cfg = self.config
-        batch, length, _ = x.shape
-        S = num_sentences
-        H, dh = cfg.num_heads, cfg.d_model // cfg.num_heads
-        R = cfg.max_relative_distance
-        q = layers.heads_projection(H, cfg.d_model, cfg.dtype, name="query")(x)
-        k = layers.heads_projection(H, cfg.d_model, cfg.dtype, name="key")(x)
-        v = layers.heads_projection(H, cfg.d_model, cfg.dtype, name="value")(x)
-        gamma_k = self.param("relative_key", _relpos_init(), (2 * R + 1, H, dh))
-        gamma_v = self.param("relative_value", _relpos_init(), (2 * R + 1, H, dh))
-        # Only distances |k - kappa| <= S - 1 occur in a chunk: slice those rows of gamma.
-        used = min(R, S - 1)
-        gamma_k, gamma_v = gamma_k[R - used : R + used + 1], gamma_v[R - used : R + used + 1]
-        content = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
-        q_gamma = jnp.einsum("bqhd,rhd->bhqr", q, gamma_k.astype(q.dtype)).astype(jnp.float32)
-        if sentence_index is None:
-            T = length // S
-            sent = jnp.arange(S)
-            distance = jnp.clip(sent[:, None] - sent[None, :], -used, used) + used  # [S, S]
-            onehot = jax.nn.one_hot(distance, 2 * used + 1, dtype=jnp.float32)
-            seg = jnp.einsum("bhstr,scr->bhstc", q_gamma.reshape(batch, H, S, T, -1), onehot)
-            logits = content.reshape(batch, H, S, T, S, T) + seg[..., None]
-            logits = logits.reshape(batch, H, length, length) / np.sqrt(dh)
-            weights = layers.masked_softmax(logits, mask[:, None, None, :] > 0)
-        else:
-            # to_distance[b, q, c, r]: the key sentence c is at clipped distance r from the
-            # query's sentence; key_sentence[b, k, c]: key token k belongs to sentence c.
-            sent = jnp.arange(S)
-            distance = jnp.clip(sentence_index[..., None] - sent, -used, used) + used
-            to_distance = jax.nn.one_hot(distance, 2 * used + 1, dtype=jnp.float32)
-            key_sentence = jax.nn.one_hot(sentence_index, S, dtype=jnp.float32)
-            per_sentence = jnp.einsum("bhqr,bqcr->bhqc", q_gamma, to_distance)
-            seg = jnp.einsum("bhqc,bkc->bhqk", per_sentence, key_sentence)
-            weights = layers.masked_softmax((content + seg) / np.sqrt(dh), mask)
-        dropped = nn.Dropout(cfg.attention_dropout_rate)(weights, deterministic=cfg.deterministic)
-
-        out = jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(cfg.dtype), v)
-        if sentence_index is None:
-            mass = dropped.reshape(batch, H, S, T, S, T).sum(-1)  # [B, H, S, T, S]
-            mass = jnp.einsum("bhstc,scr->bhstr", mass, onehot)  # attention mass per distance
-            rel_v = jnp.einsum(
-                "bhstr,rhd->bsthd", mass.astype(cfg.dtype), gamma_v.astype(cfg.dtype)
-            )
-            out = out + rel_v.reshape(batch, length, H, dh)
-        else:
-            mass = jnp.einsum("bhqk,bkc->bhqc", dropped, key_sentence)
-            mass = jnp.einsum("bhqc,bqcr->bhqr", mass, to_distance)  # mass per distance
-            out = out + jnp.einsum(
-                "bhqr,rhd->bqhd", mass.astype(cfg.dtype), gamma_v.astype(cfg.dtype)
-            )
-        return layers.output_projection(cfg.d_model, cfg.dtype, name="out")(out), weights
-
-
-class GlobalContextLayer(nn.Module):
-    """Global context encoding (Sec. 4.1): segment attention, gated fusion, feed-forward."""
-
-    config: FinalConfig
-
-    @nn.compact
-    def __call__(
-        self, h_local: Array, src_mask: Array, sentence_index: Array | None = None
-    ) -> tuple[Array, Array]:
-        """``h^L [B, S, T, D]`` -> (``h [B, S, T, D]``, attention weights ``[B,H,S*T,S*T]``).
-        Packed rows (``sentence_index [B, L]`` given): ``h^L [B, L, D]`` and ``src_mask`` the
-        boolean attention mask ``[B, 1, L, L]`` of the chunks -> ``h [B, L, D]``."""
-        cfg = self.config
-        if sentence_index is None:
-            B, S, T, D = h_local.shape
-            x = h_local.reshape(B, S * T, D)
-            mask = src_mask.reshape(B, S * T)
-        else:
-            B, L, D = h_local.shape
-            x, mask, S = h_local, src_mask, cfg.max_segments
-        z = layers.layer_norm(cfg.dtype, name="input_norm")(x) if cfg.pre_ln else x
-        h_global, weights = SegmentRelativeAttention(cfg, name="segment_attention")(
-            z, mask, S, sentence_index
-        )
-        h_global = nn.Dropout(cfg.dropout_rate)(h_global, deterministic=cfg.deterministic)
-        self.sow("intermediates", "h_local", x)
-        self.sow("intermediates", "h_global", h_global)
-        if cfg.context_fusion_gate:
-            gate = nn.Dense(
-                D,
-                dtype=cfg.dtype,
-                kernel_init=layers.partitioned(nn.initializers.xavier_uniform(), ("mlp", "embed")),
-                bias_init=layers.partitioned(nn.initializers.zeros_init(), ("embed",)),
-                name="gate",
-            )(jnp.concatenate([z, h_global], axis=-1))
-            gate = jax.nn.sigmoid(gate)
-            self.sow("intermediates", "gate_values", gate)
-            fused = (1.0 - gate) * x + gate * h_global
-        else:
-            fused = x + h_global
-        if not cfg.pre_ln:
-            fused = layers.layer_norm(cfg.dtype, name="fusion_norm")(fused)
-        self.sow("intermediates", "fused", fused)
-        h = cfg.sublayer("ffn_block")(fused, cfg.feed_forward("ffn"))
-        return h.reshape(h_local.shape), weights
-
-
-class LocalEncoderLayer(transformer.EncoderLayer):
-    """:class:`~.transformer.EncoderLayer` (the same parameters) that can run on the block
-    rows of packed rows: with a ``band`` its queries ``x [B * blocks, W, D]`` attend to the
-    keys and values of their windows (:meth:`~.layers.Band.windows`)."""
-
-    def __call__(  # type: ignore[override]
-        self, x: Array, mask: Array, band: layers.Band | None = None
-    ) -> Array:
-        attn = self.self_attention
-
-        def self_attention(h: Array) -> Array:
-            k, v = attn.project_kv(h)
-            if band is not None:
-                k, v = band.windows(k), band.windows(v)
-            return attn.attend(attn.project_q(h), k, v, mask)
-
-        x = self.attention_block(x, self_attention)
-        x = self.ffn_block(x, self.ffn)
-        return layers.constrain(x, ("batch", "length", "embed"))
-
-
-class SentenceDecoderLayer(transformer.DecoderLayer):
-    """The sentence Transformer's decoder layer behind the document decoder-layer interface
-    (:class:`~.xl.DecoderLayerInterface`): absolute positions, no memory (Table 3 rows
-    without the XL decoder)."""
-
-    uses_memory: ClassVar[bool] = False
-    absolute_positions: ClassVar[bool] = True
-
-    def teacher_forced(
-        self,
-        y: Array,
-        tgt_mask: Array,
-        memory: Array,
-        memory_mask: Array,
-        encoded: Array,
-        cross_mask: Array,
-    ) -> Array:
-        self_mask = layers.causal_mask(y.shape[1]) & layers.padding_mask(tgt_mask, tgt_mask)
-        return self(y, self_mask, encoded, cross_mask)[0]
-
-    def teacher_forced_packed(
-        self, y: Array, encoded: Array, attention: PackedDecoderAttention
-    ) -> Array:
-        """Packed rows: block rows ``y``, ``encoded`` ``[N, W, D]``; causal self-attention
-        within the sentence and cross-attention to its source, each over its band's windows
-        (the memory part of ``attention`` is not used)."""
-        a = attention
-
-        def self_block(h: Array) -> Array:
-            k, v = (a.current.windows(x) for x in self.self_attention.project_kv(h))
-            q = self.self_attention.project_q(h)
-            return self.self_attention.attend(q, k, v, a.current_mask)
-
-        def cross_block(h: Array) -> Array:
-            q = self.cross_attention.project_q(h)
-            k, v = (a.cross.windows(x) for x in self.cross_attention.project_kv(encoded))
-            return self.cross_attention.attend(q, k, v, a.cross_mask)
-
-        y = self.self_attention_block(y, self_block)
-        y = self.cross_attention_block(y, cross_block)
-        y = self.ffn_block(y, self.ffn)
-        return layers.constrain(y, ("batch", "length", "embed"))
-
-    def memory_kv(self, memory: Array) -> None:
-        return None
-
-    def step(
-        self,
-        y: Array,
-        index: Array,
-        cache: Cache,
-        inputs: dict[str, Array],
-        memory_mask: Array,
-        cross_mask: Array,
-    ) -> tuple[Array, Cache]:
-        self_mask = (jnp.arange(cache["key"].shape[2]) <= index)[None, None, None, :]
-        cross_kv = (inputs["cross_key"], inputs["cross_value"])
-        return self(y, self_mask, None, cross_mask, cache=cache, index=index, cross_kv=cross_kv)
-
-
-class Final(nn.Module):
+class Final(FinalSearchSteps):
     """Document model: ``src [B, S, T]`` -> logits ``[B, S, T, V]`` (see the module docstring)."""
 
     config: FinalConfig
@@ -635,84 +390,6 @@ class Final(nn.Module):
         encoded = self.encode(src, src_mask)
         return self.decode(encoded, src_mask, layers.shift_right(tgt, BOS_ID), tgt_mask)
 
-    def decode_sentence(
-        self, encoded: Array, src_mask: Array, tgt: Array, tgt_mask: Array, memory: Memory
-    ) -> tuple[Array, Memory]:
-        """One sentence per row, teacher-forced on ``tgt [B, T]`` (not shifted) with the previous
-        sentence's ``memory``: (logits ``[B, T, V]``, this sentence's memory for the next).
-        ``encoded``/``src_mask``: what the sentence cross-attends to, its own ``h_k [B, Ts, D]``
-        or with :attr:`FinalConfig.cross_attends_chunk` its chunk's ``[B, S*Ts, D]``."""
-        y, inputs = self._decode_rows(
-            encoded,
-            src_mask,
-            layers.shift_right(tgt, BOS_ID),
-            tgt_mask,
-            lambda i, _: (memory.get(f"layer_{i}"), memory["mask"]),
-            self.config.num_decoder_layers,
-        )
-        return self._output(y), memory_from_states(inputs if self.uses_memory else [], tgt_mask)
-
-    def sentence_memory(
-        self, encoded: Array, src_mask: Array, tgt: Array, tgt_mask: Array, memory: Memory
-    ) -> Memory:
-        """The memory (decoder layer inputs ``s^0..s^{N-1}``) of target sentence ``tgt [B, T]``
-        (e.g. the chosen hypothesis), computed teacher-forced with its own ``memory``."""
-        if not self.uses_memory:
-            return memory_from_states([], tgt_mask)
-        # The last layer's output is not part of the memory: N-1 layers give s^0..s^{N-1}.
-        last, inputs = self._decode_rows(
-            encoded,
-            src_mask,
-            layers.shift_right(tgt, BOS_ID),
-            tgt_mask,
-            lambda i, _: (memory[f"layer_{i}"], memory["mask"]),
-            self.config.num_decoder_layers - 1,
-        )
-        return memory_from_states(inputs + [last], tgt_mask)
-
-    def init_cache(self, batch: int, max_len: int) -> Cache:
-        """Empty cache for ``max_len`` positions of one sentence (self-attention keys/values)."""
-        return transformer.empty_self_attention_cache(self.config, batch, max_len)
-
-    def memory_kv(self, memory: Memory) -> MemoryKV:
-        """The memory's self-attention keys/values: ``{"mask", "layer_i": {"key", "value"}}``
-        (``[B, H, Tm, d]``, heads-major like the search cache that is the next sentence's
-        memory), what the XL layers attend to when decoding."""
-        memory_kv: MemoryKV = {"mask": memory["mask"]}
-        for i, layer in enumerate(self.decoder_layers):
-            kv = layer.memory_kv(memory.get(f"layer_{i}"))
-            if kv is not None:
-                k, v = (layers.heads_major(x) for x in kv)
-                memory_kv[f"layer_{i}"] = {"key": k, "value": v}
-        return memory_kv
-
-    def decode_inputs(self, encoded: Array, src_mask: Array, memory: MemoryKV) -> dict[str, Any]:
-        """Per-example inputs of :meth:`decode_step` (the ``extra`` of the search, one row per
-        example, shared by its beams): the source mask, every layer's cross-attention
-        keys/values (computed once) and the previous sentence's memory keys/values.
-        ``encoded``/``src_mask``: what the sentence cross-attends to, as in training
-        (:meth:`cross_memory`: its ``h_k`` or its chunk's encoding)."""
-        extra: dict[str, Any] = {"src_mask": src_mask, "memory_mask": memory["mask"]}
-        for i, layer in enumerate(self.decoder_layers):
-            k, v = layer.cross_kv(encoded)
-            extra[f"layer_{i}"] = {"cross_key": k, "cross_value": v}
-            extra[f"layer_{i}"].update(memory.get(f"layer_{i}", {}))
-        return extra
-
-    def decode_step(self, cache: Cache, token: Array, extra: dict[str, Any]) -> tuple[Array, Cache]:
-        """One step: ``token [N]`` at ``cache['index']`` -> (logits ``[N, V]``, new cache);
-        ``cache`` has ``N`` rows (beams), ``extra`` (:meth:`decode_inputs`) one per example."""
-        index = cache["index"]
-        y = self._embed_target(token[:, None], jnp.full(token.shape + (1,), index))
-        cross_mask = (extra["src_mask"] > 0)[:, None, None, :]
-        new_cache: Cache = {"index": index + 1}
-        for i, layer in enumerate(self.decoder_layers):
-            name = f"layer_{i}"
-            y, new_cache[name] = layer.step(
-                y, index, cache[name], extra[name], extra["memory_mask"], cross_mask
-            )
-        return self._output(y)[:, 0], new_cache
-
 
 @register("final", config=FinalConfig, flops=flops.final_terms)
 class FinalModel(BaseModel):
@@ -748,42 +425,9 @@ class FinalModel(BaseModel):
     source_parameters: ClassVar[str] = r"embed/.*|segment_embedding|encoder.*|global_layer/.*"
 
     def transformer_rules(self) -> list[tuple[str, str]]:
-        """A sentence Transformer with ``N = num_encoder_layers`` fills FINAL: the embedding, the
-        local layers from encoder layers ``0..N-2`` (all ``N`` without the global layer), the
-        global layer's attention, its norm (post-LN: the fusion norm; pre-LN: the input norm)
-        and feed-forward sublayer from encoder layer ``N-1``, the decoder layers from the
-        decoder layers (the XL layer's ``self_attention_norm`` from ``self_attention_block/
-        norm``). Fresh: the segment table, the relative tables ``gamma^K``/``gamma^V``, the
-        fusion gate, the XL ``u``/``v`` biases and relative-position projection ``W_R``."""
-        cfg = self.config
-        top = f"encoder_layers_{cfg.num_encoder_layers - 1}"
-        rules = [(r"(embed/.*)", r"\1"), (r"(encoder_layers_\d+/.*)", r"\1")]
-        if cfg.pre_ln:
-            rules.append((r"((encoder|decoder)_norm/.*)", r"\1"))
-        if cfg.segment_embedding:
-            rules.append((r"segment_embedding", "skip"))
-        if cfg.segment_relative_attention:
-            rules += [
-                (r"global_layer/segment_attention/relative_(key|value)", "skip"),
-                (r"global_layer/segment_attention/(.*)", rf"{top}/self_attention/\1"),
-                (r"global_layer/(fusion_norm|input_norm)/(.*)", rf"{top}/attention_block/norm/\2"),
-                (r"global_layer/(ffn|ffn_block)/(.*)", rf"{top}/\1/\2"),
-            ]
-            if cfg.context_fusion_gate:
-                rules.append((r"global_layer/gate/.*", "skip"))
-        if cfg.xl_decoder:
-            rules += [
-                (
-                    r"decoder_layers_\d+/self_attention/(content_bias|position_bias|position/.*)",
-                    "skip",
-                ),
-                (
-                    r"decoder_layers_(\d+)/self_attention_norm/(.*)",
-                    r"decoder_layers_\1/self_attention_block/norm/\2",
-                ),
-            ]
-        rules.append((r"(decoder_layers_\d+/.*)", r"\1"))
-        return rules
+        """What a sentence Transformer fills in FINAL (Table 4):
+        :func:`~.final_layers.transformer_rules`."""
+        return transformer_rules(self.config)
 
     def check_data(self, config: PipelineConfig) -> None:
         """Packed rows are banded for sentences of at most ``max_sentence_len`` tokens and
