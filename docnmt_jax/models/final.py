@@ -195,7 +195,7 @@ class Final(FinalSearchSteps):
             lengths = jnp.sum(src_mask > 0, axis=-1)
             offsets = jnp.cumsum(lengths, axis=-1) - lengths
             positions = offsets[..., None] + jnp.arange(T)
-        x = self.embed(src) + layers.sinusoidal_encoding(positions, cfg.d_model, cfg.dtype)
+        x = self.embed(src) + layers.sinusoidal_encoding(positions, cfg.d_model, jnp.float32)
         if cfg.segment_embedding:
             if S > cfg.max_segments:
                 raise ValueError(f"{S} sentences per chunk > max_segments={cfg.max_segments}")
@@ -236,7 +236,7 @@ class Final(FinalSearchSteps):
         L = src.shape[-1]
         sidx, chunks = segments["src_sentence_index"], segments["src_chunk_ids"]
         positions = segments["src_positions" if cfg.reset_word_positions else "src_chunk_positions"]
-        x = self.embed(src) + layers.sinusoidal_encoding(positions, cfg.d_model, cfg.dtype)
+        x = self.embed(src) + layers.sinusoidal_encoding(positions, cfg.d_model, jnp.float32)
         if cfg.segment_embedding:  # slots >= max_segments are the data's to exclude
             x = x + jnp.take(jnp.asarray(self.segment_table, cfg.dtype), sidx, axis=0)
         x = self.input_dropout(x, deterministic=cfg.deterministic)
@@ -285,7 +285,7 @@ class Final(FinalSearchSteps):
         cfg = self.config
         y = self.embed(tgt_in)
         if self.target_positions:  # XL uses relative positions only (Dai et al. 2019)
-            y = y + layers.sinusoidal_encoding(positions, cfg.d_model, cfg.dtype)
+            y = y + layers.sinusoidal_encoding(positions, cfg.d_model, jnp.float32)
         return self.input_dropout(y, deterministic=cfg.deterministic)
 
     def _decode_rows(
