@@ -193,7 +193,12 @@ def parse_absl_flags(argv: list[str]) -> list[str]:
 
 
 def run(main: Callable[[list[str]], Any]) -> None:
-    """``app.run(main)`` behind the error boundary (flags included)."""
+    """``app.run(main)`` behind the error boundary (flags included). ``--help`` shows the
+    docstring of ``main``'s module (absl reads ``__main__``'s, which may be a shim)."""
+    command_doc = getattr(sys.modules.get(getattr(main, "__module__", "")), "__doc__", None)
+    entry = sys.modules.get("__main__")
+    if command_doc and entry is not None:
+        entry.__doc__ = command_doc
     app.run(guarded(main), flags_parser=parse_absl_flags)
 
 

@@ -1,5 +1,6 @@
-"""The prepared accelerator run (launch/accelerator_run.py): its ``--smoke`` dry run on CPU goes
-through every stage and writes every result file; a failing stage does not stop the others."""
+"""The prepared accelerator run (experiments/accelerator_run.py): its ``--smoke`` dry run on
+CPU goes through every stage and writes every result file; a failing stage does not stop the
+others."""
 
 import csv
 import json
@@ -9,9 +10,9 @@ import sys
 
 from conftest import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "launch"))
+sys.path.insert(0, ROOT)
 
-import accelerator_run  # noqa: E402
+from experiments import accelerator_run  # noqa: E402
 
 
 def test_smoke_run_writes_every_stage(synthetic_dir, tmp_path):
@@ -19,7 +20,7 @@ def test_smoke_run_writes_every_stage(synthetic_dir, tmp_path):
     done = subprocess.run(
         [
             sys.executable,
-            os.path.join(ROOT, "launch", "accelerator_run.py"),
+            os.path.join(ROOT, "experiments", "accelerator_run.py"),
             "--smoke",
             "--out",
             str(out),

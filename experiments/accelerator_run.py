@@ -1,8 +1,8 @@
 """One prepared run for a lent accelerator: versions, tests, benchmark, converged Bible results.
 
-    python launch/accelerator_run.py --out OUT [--data_dir data/bible] [--spm FILE]
+    python experiments/accelerator_run.py --out OUT [--data_dir data/bible] [--spm FILE]
         [--stages versions,tests,benchmark,train] [--work /tmp/accelerator_work]
-    python launch/accelerator_run.py --out OUT --smoke   # tiny models, a few steps, on CPU
+    python experiments/accelerator_run.py --out OUT --smoke   # tiny models, a few steps, on CPU
 
 Stages, in order; each writes its results under ``--out`` as soon as it ends (``STAGE.json``,
 and a line in ``summary.md``), so a run cut short still returns what it did; a stage that
