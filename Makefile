@@ -12,7 +12,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DATA ?= data/bible
 
-.PHONY: venv sword data demo results results-quick test test-slow lint clean accelerator-wheels
+.PHONY: venv sword data demo results results-quick test test-slow test-jax-next lint clean \
+	accelerator-wheels
 
 venv: $(VENV)/.installed
 
@@ -60,6 +61,26 @@ test: venv
 
 test-slow: venv sword
 	$(BIN)/python -m pytest -q -ra -m slow $(TEST_FLAGS)
+	$(MAKE) test-jax-next
+
+# The accelerator's stack on CPU (requirements-jax-next.txt: jax 0.11.2 on Python 3.12, no
+# TensorFlow): the device-path tests, so an API drift is caught before a device is lent.
+PYTHON_NEXT ?= $(shell command -v python3.12 || ls /root/.pyenv/versions/3.12*/bin/python 2>/dev/null | head -n1)
+VENV_NEXT ?= .venv-next
+NEXT_TESTS ?= tests/test_attention_bf16.py tests/test_accelerator_run.py \
+	tests/test_translation_golden.py tests/test_loader.py tests/test_accumulation_ema.py \
+	tests/test_model_interface.py tests/test_beam_search.py
+test-jax-next: $(VENV_NEXT)/.installed
+	$(VENV_NEXT)/bin/python -m pytest -q -ra -p no:cacheprovider -m "not slow or accelerator" \
+	  $(TEST_FLAGS) $(NEXT_TESTS)
+
+$(VENV_NEXT)/.installed: requirements-jax-next.txt pyproject.toml
+	@test -n "$(PYTHON_NEXT)" || { echo "test-jax-next: error: no Python 3.12 found (set PYTHON_NEXT=/path/to/python3.12)" >&2; exit 2; }
+	test -x $(VENV_NEXT)/bin/python || $(PYTHON_NEXT) -m venv $(VENV_NEXT)
+	$(VENV_NEXT)/bin/python -m pip install -q --upgrade pip
+	$(VENV_NEXT)/bin/python -m pip install -q -r requirements-jax-next.txt
+	$(VENV_NEXT)/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+	touch $@
 
 # What a lent accelerator machine lacks (docs/accelerators.md): the ml_collections wheel (pure
 # Python) in .whl/, for the device's Python 3.12; carry .whl and data/bible with the checkout.
@@ -71,4 +92,4 @@ lint: venv
 	$(BIN)/ruff check docnmt_jax launch experiments tests configs notebooks
 
 clean:
-	rm -rf $(VENV) data runs .pytest_cache
+	rm -rf $(VENV) $(VENV_NEXT) data runs .pytest_cache
