@@ -42,7 +42,7 @@ INIT_TIMEOUT_S = 600
 HEARTBEAT_TIMEOUT_S = 300
 SHUTDOWN_TIMEOUT_S = 900
 
-# Multi-process failure (BUILD_NOTES "Multi-process failure"). What JAX 0.10
+# Multi-process failure (docs/log/2026-11-25-reliability.md). What JAX 0.10
 # does when a process of the job dies: the others' next collective fails at once (gloo: a
 # Python exception, "Connection reset by peer"); the coordination service declares the process
 # dead after the heartbeat timeout and every other process then aborts in C++ (LOG(FATAL),

@@ -147,7 +147,7 @@ def tiny_final_config(data_dir: str, **train_overrides):
     return config
 
 
-# The default suite's heaviest files (CPU seconds, BUILD_NOTES "Default suite time"), run
+# The default suite's heaviest files (CPU seconds; the suite-time log in docs/log), run
 # first: pytest-xdist (--dist loadfile) hands files to its two workers in collection order, so
 # a heavy file collected last would run alone at the end (longest-processing-time-first).
 HEAVY_FILES_FIRST = (

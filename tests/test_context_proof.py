@@ -1,7 +1,7 @@
 """Fast version of the context proof: FINAL uses the context, the sentence
 Transformer cannot. A denser, shorter variant of the synthetic task (pronouns only, antecedent
 in the previous sentence, documents of 2-4 sentences) so a tiny model learns it in about a minute;
-the full task and its numbers are in BUILD_NOTES.md (``launch/context_proof.py``)."""
+the full task and its numbers are in docs/log (``launch/context_proof.py``)."""
 
 import json
 import os
@@ -36,8 +36,8 @@ def fast_corpus(tmp_path_factory):
 
 # Half the default learning-rate scale: at 1.0 the tiny FINAL's dev loss spikes during warm-up
 # and whether it has found the antecedent by step 800 depends on the seed (0.62 and 0.70 seen);
-# at 0.5 it has in every data/training seed pair measured (BUILD_NOTES.md, "Does FINAL use the
-# context?").
+# at 0.5 it has in every data/training seed pair measured (docs/log/2026-11-22-final.md, "Does
+# FINAL use the context?").
 FAST_TRAINING = dict(context_proof.TINY, num_steps=800, lr_scale=0.5)
 
 
@@ -107,8 +107,9 @@ def test_curriculum_stages_chain_and_tracking(tmp_path):
 
 # DocT (Zhang et al. 2018) with k = 2: antecedents 1 or 2 sentences back sit in its window.
 # Learned by step 400 on chunks (dev forced choice 0.46 / 0.42 / 0.88 / 1.00 / 1.00 at steps
-# 100-500, BUILD_NOTES.md, "Does DocT use its context?"); sentence rows keep the batch shapes
-# (compilations) few. Beyond the window it stays at chance: the full task's distance table.
+# 100-500, docs/log/2026-11-24-doct.md, "Does DocT use its context?"); sentence rows keep the
+# batch shapes (compilations) few. Beyond the window it stays at chance: the full task's
+# distance table.
 DOCT_TASK = dict(FAST_TASK, distances=(1, 2))
 DOCT_TRAINING = dict(context_proof.TINY, num_steps=500, lr_scale=0.5)
 
@@ -140,8 +141,8 @@ def test_doct_uses_the_two_sentences_of_its_window(tmp_path):
 # sentences (each distance about 50 times in the test split). From scratch the tiny model
 # learns the translation but not the context within 800 steps (forced choice at chance), so
 # the two curriculum stages come first (400 and 200 steps), as in the full proof; a quarter of
-# the learning-rate scale keeps each stage's warm-up from undoing the last (BUILD_NOTES.md,
-# "Does HM-GDC use its context?"). The sentence model is at chance on these
+# the learning-rate scale keeps each stage's warm-up from undoing the last (docs/log/
+# 2026-11-24-hmgdc.md, "Does HM-GDC use its context?"). The sentence model is at chance on these
 # labels by construction (the labelled sentence says nothing about the class or topic;
 # measured on the full task in FINAL's table).
 HMGDC_TASK = dict(

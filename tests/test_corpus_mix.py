@@ -133,10 +133,14 @@ def test_a_bad_mix_is_a_one_line_error_of_train_py(synthetic_dir, tmp_path):
 
 
 def _readme_train_commands() -> list[list[str]]:
-    """Every ``python launch/train.py`` command of README.md (continuation lines joined)."""
+    """Every ``python launch/train.py`` command of README.md and the user guides in docs/
+    (``docs/*.md``, not the dated logs), continuation lines joined."""
+    import glob
     import shlex
 
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read().replace("\\\n", " ")
+    guides = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+    pages = [os.path.join(ROOT, "README.md"), *guides]
+    text = "\n".join(open(p, encoding="utf-8").read() for p in pages).replace("\\\n", " ")
     commands = []
     for line in text.splitlines():
         line = line.split("  #")[0].strip()

@@ -1,4 +1,4 @@
-"""Crash safety of training (BUILD_NOTES.md, "Reliability").
+"""Crash safety of training (docs/reliability.md).
 
 Default suite (seconds): the checkpoint layer alone -- a save that never finished (Orbax's
 ``<step>.orbax-checkpoint-tmp``) is never restored and is cleaned up; a finished step with a

@@ -1,5 +1,5 @@
-"""A process of a multi-process job dies (BUILD_NOTES.md, "Multi-process
-failure"): the others end at once with one line, status 1, and a rerun resumes.
+"""A process of a multi-process job dies (docs/reliability.md, "Multi-process
+jobs"): the others end at once with one line, status 1, and a rerun resumes.
 
 Two processes on 127.0.0.1, one CPU device each, ``--heartbeat_timeout`` 20 s. Without the
 lifelines of ``multiprocess.init_distributed`` a survivor waiting at a barrier would wait for the
@@ -33,7 +33,7 @@ from test_sharding import _free_port
 
 HEARTBEAT_S = 20
 # JAX's own answer to a SIGKILLed coordinator when it beats the lifeline (a race; see
-# BUILD_NOTES): an abort with this line.
+# docs/log/2026-11-25-reliability.md): an abort with this line.
 JAX_ABORT = "Terminating process because the JAX distributed service detected fatal errors"
 
 DRIVER = """

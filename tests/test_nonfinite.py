@@ -1,4 +1,4 @@
-"""The non-finite guard (BUILD_NOTES.md, "Reliability").
+"""The non-finite guard (docs/reliability.md).
 
 Faults are injected by the tests only: a batch gets a source token id beyond the vocabulary
 (the embedding lookup fills such a row with NaN, so loss and gradients are NaN), the objective

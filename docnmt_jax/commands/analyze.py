@@ -26,7 +26,7 @@
 ``--input`` is a corpus TSV ``doc_id<TAB>src<TAB>tgt`` (``attention`` reads only sources: also
 ``doc_id<TAB>src`` or plain text). Outputs go to ``--out`` (default ``RUN/analysis``), each
 written through a temporary file. Readings, costs and what each model provides:
-:mod:`docnmt_jax.evaluation.analysis` and BUILD_NOTES.md. A user mistake or a model that
+:mod:`docnmt_jax.evaluation.analysis` and docs/evaluation.md. A user mistake or a model that
 cannot provide the analysis (e.g. a sentence model has no sentence attention) exits with
 status 2 and one line ``analyze.py: error: ...``.
 """

@@ -135,8 +135,8 @@ def encode_in_groups(
 ) -> Array:
     """``module.encode`` of chunks ``src [B, S, T]``; on CPU in groups of chunks of at most
     ``max_tokens`` source slots (``lax.map``), whose activations stay in the CPU caches: at
-    the batch sizes of sequential decoding this encodes ~1.6x faster (BUILD_NOTES.md,
-    Performance). Accelerators encode the whole batch in one call."""
+    the batch sizes of sequential decoding this encodes ~1.6x faster
+    (docs/log/2026-11-22-final.md). Accelerators encode the whole batch in one call."""
     B, S, T = src.shape
     groups = next((g for g in range(1, B + 1) if B % g == 0 and (B // g) * S * T <= max_tokens), B)
     if groups == 1 or jax.default_backend() != "cpu":
@@ -190,8 +190,8 @@ def scan_slots(
 def _loop_slots(model: Any, search: SearchConfig, jit: Callable[..., Any]) -> TranslateFn:
     """:func:`scan_slots` as a Python loop of one jitted search per slot, dispatched
     asynchronously (no host synchronisation between slots). On XLA:CPU the search loop nested
-    in the scan ran 7% slower than the same searches as separate executions (BUILD_NOTES.md,
-    Performance); three compilations per batch shape instead of one."""
+    in the scan ran 7% slower than the same searches as separate executions
+    (docs/log/2026-11-22-performance.md); three compilations per batch shape instead of one."""
     prepare = jit(functools.partial(model.search_inputs, search=search))
 
     def slot_fn(params: PyTree, memory: PyTree, slots: PyTree, k: Array) -> Any:

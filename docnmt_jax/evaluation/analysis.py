@@ -2,7 +2,7 @@
 interface: the context-size curve (Fig. 3), the sentence-to-sentence attention map (Fig. 4)
 and single-sentence translation (Table 2). ``launch/analyze.py`` is the command line.
 
-Readings (BUILD_NOTES.md, "Analysis commands"):
+Readings (measured: docs/log/2026-11-25-analyses.md):
 
 * **Context size k (Fig. 3)**: sentence ``i`` of a document is translated inside the window
   document ``[i-k .. i]`` (its ``k`` previous sentences, fewer at the document's start) and

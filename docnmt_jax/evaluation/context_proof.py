@@ -48,9 +48,10 @@ TINY = dict(
 
 
 # A dense variant a tiny document model learns in under 1,500 steps at learning-rate scale 0.5
-# (BUILD_NOTES, Jean & Cho's Table 1 analogue): every document has a pronoun and a topic word,
-# each with its antecedent one or two sentences back, 2-8 sentences. A model that sees the
-# previous two sentences can resolve every labelled word; one without context stays at 1/3.
+# (Jean & Cho's Table 1 analogue, docs/log/2026-11-25-jean-cho.md): every document has a
+# pronoun and a topic word, each with its antecedent one or two sentences back, 2-8 sentences.
+# A model that sees the previous two sentences can resolve every labelled word; one without
+# context stays at 1/3.
 DENSE_TASK: dict[str, Any] = dict(
     p_pronoun=1.0, p_topic=1.0, distances=(1, 2), min_sentences=3, max_sentences=8
 )
@@ -62,8 +63,8 @@ DENSE_TASK: dict[str, Any] = dict(
 # in the second) a tiny model learns both at once, since one attention pattern (to the special
 # words of the other sentence) serves both; "short" spreads them over 1-3 sentences. Trained
 # on the full task, or on dense variants with one phenomenon first, a tiny model learns one
-# phenomenon and then stays at chance on the other (BUILD_NOTES.md, "Does FINAL use the
-# context?").
+# phenomenon and then stays at chance on the other (docs/log/2026-11-22-final.md, "Does FINAL
+# use the context?").
 CURRICULUM: tuple[tuple[str, dict[str, Any]], ...] = (
     ("adjacent", dict(distances=(1,), min_sentences=2, max_sentences=2)),
     ("short", dict(distances=(1, 2, 3), min_sentences=2, max_sentences=4)),

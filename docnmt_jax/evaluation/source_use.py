@@ -1,8 +1,8 @@
 """Does a trained model read its source at all? Two probes for a collapsed run.
 
 BLEU cannot tell a model that translates badly from one that ignores its input: at a small
-budget a constant output can score within the sentence model's seed spread (BUILD_NOTES,
-the results table's Doc2Sent rows). These probes can:
+budget a constant output can score within the sentence model's seed spread (the results
+table's Doc2Sent rows, docs/log/2026-11-26-results-table-demo.md). These probes can:
 
 * **Source sensitivity** (:func:`source_sensitivity`): the teacher-forced log-likelihood per
   target token of a set of documents with their true sources, with another document's sources

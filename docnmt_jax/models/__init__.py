@@ -9,7 +9,7 @@ in its encoder, Tan et al. 2019 Table 1, ``rnnsearch.py`` and ``hmgdc_rnn.py``, 
 blocks in ``rnn_layers.py``), ``jean_cho`` (the larger-context Transformer of Jean & Cho 2019,
 ``jean_cho.py``).
 A new model is one module with a ``@register("name", config=..., flops=...)`` class; nothing
-else in the package changes (README, "Adding a model").
+else in the package changes (docs/design.md, "Adding a model").
 """
 
 from docnmt_jax.models import (  # noqa: F401

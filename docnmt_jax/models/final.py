@@ -46,7 +46,7 @@ projection biases) in :mod:`.final_layers`; and one of the model:
   Table 3's "+ reset word positions" (10.0 BLEU) and "+ segment embedding" (10.5), both on
   the source side only, could not lift it from near zero (test
   ``test_the_chunk_reading_gives_every_sentence_of_a_chunk_the_same_output``; on the Bible
-  it wrote one sentence for 1,440 of 1,443 test verses, BUILD_NOTES.md, One results table).
+  it wrote one sentence for 1,440 of 1,443 test verses, docs/papers/final.md).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class FinalConfig(TransformerConfig):
     doc2sent_cross_attention: str = "own_slice"  # DOC2SENT_CROSS_ATTENTION
     max_relative_distance: int = 20
     max_segments: int = 20
-    packed_block: int = 64  # Bible, TED size, CPU: 64 beat 16/32/128/256 (BUILD_NOTES)
+    packed_block: int = 64  # Bible, TED size, CPU: 64 beat 16/32/128/256 (docs/log)
     packed_drift: int = 16
     max_sentence_len: int = 128
 

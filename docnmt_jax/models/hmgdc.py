@@ -38,7 +38,7 @@ No public implementation exists; every reading below follows the equations and i
   documents, however long (:attr:`HMGDCModel.whole_documents`, ``PipelineConfig.
   whole_documents``): the summaries, the document encoder and every gradient see the whole
   document. ``document_scope = False`` restricts the context to the pipeline chunk
-  (``data.max_sentences``), the chunk-only scope measured against it in BUILD_NOTES.
+  (``data.max_sentences``), the chunk-only scope measured against it in docs/log.
 * Training layout (real documents): sentences packed into rows of 128 slots, every document
   whole within its batch (``PackingConfig(unit="grouped")``,
   :class:`~docnmt_jax.data.grouped_plan.GroupedPackedPlan`); the per-sentence parts (Eq. 1-2,

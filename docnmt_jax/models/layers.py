@@ -104,8 +104,8 @@ def tied_logits(x: Array, table: Array) -> Array:
     Autodiff writes ``d table = g^T x`` and XLA:CPU then materialises the logits gradient
     ``g [N, V]`` a second time, transposed (the largest tensor of a step: 65 MB at 2,048
     tokens and 8k words); transposing ``x [N, D]`` and the ``[D, V]`` result instead moves
-    ``V/D`` times fewer bytes. 10% faster train steps at Zheng's TED size (BUILD_NOTES.md,
-    Performance); same values.
+    ``V/D`` times fewer bytes. 10% faster train steps at Zheng's TED size
+    (docs/performance.md); same values.
 
     The logits are float32 whatever the inputs' dtype (the products accumulate in float32
     and are not rounded back): a bfloat16 logit keeps 8 bits, so near-ties between words
@@ -423,7 +423,7 @@ def heads_major(x: Array) -> Array:
 
     A cache kept in the matmul's own layout is written in place every step; in the projection
     layout XLA:CPU copied the whole cache transposed after every write (35% of beam-search
-    time; BUILD_NOTES.md, Performance)."""
+    time; docs/performance.md)."""
     return jnp.swapaxes(x, 1, 2)
 
 

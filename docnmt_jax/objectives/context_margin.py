@@ -28,7 +28,7 @@ in-batch reassignment (Sec. 5, ``M = 1``) by :func:`derangement`. Readings:
 * ``random_context_gradient`` (default True): gradients flow through the random-context
   scores, because Eq. 3 is a function of theta through both scores and the paper stops no
   gradient; False treats them as constants (only the true-context scores are pushed up).
-  Measured on the synthetic task (BUILD_NOTES, Table 1 analogue): with True a tiny FINAL
+  Measured on the synthetic task (docs/papers/jean_cho.md): with True a tiny FINAL
   never found its context within the budget, with False it did.
 * Random contexts: the objective's own :func:`deranged_batch`, not the model's
   ``with_random_context`` (which may hand a sentence its own context back); the model must

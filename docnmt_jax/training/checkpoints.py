@@ -11,7 +11,7 @@ Restore order for a run: resume the latest checkpoint of this workdir; else, wit
 ``init_from``, take parameters only from another run (pretrain-then-finetune, mapped by
 :mod:`docnmt_jax.training.param_mapping`); else start fresh.
 
-Crash safety (BUILD_NOTES.md, "Reliability"): Orbax writes a step into
+Crash safety (docs/reliability.md): Orbax writes a step into
 ``<step>.orbax-checkpoint-tmp`` and renames it to ``<step>`` once every file is written, so a
 process killed at any point leaves either a complete ``<step>`` or a temporary directory that
 is never restored (and is removed when the next run opens the manager). A finished step that

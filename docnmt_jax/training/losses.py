@@ -39,7 +39,7 @@ def token_losses(logits: Array, targets: Array, smoothing: float) -> tuple[Array
     forward pass only reduces the logits and keeps no ``[tokens, V]`` log-probabilities; its
     own backward (:func:`_fused_losses`) writes the gradient ``softmax(x) - q`` in one
     elementwise pass. Same speed as autodiff of ``log_softmax``, 125 MiB (16%) less compiled
-    memory per train step at Zheng's TED size (BUILD_NOTES.md, Performance).
+    memory per train step at Zheng's TED size (docs/performance.md).
     """
     vocab_size = logits.shape[-1]
     low = smoothing / (vocab_size - 1) if smoothing else 0.0

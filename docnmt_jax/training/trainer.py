@@ -14,8 +14,8 @@ optimiser state as they were (inside the jitted step; its batch is consumed, the
 advances) and counts in the ``bad_steps`` metric; ``train.max_bad_steps`` consecutive such
 steps stop the run with :class:`~docnmt_jax.training.checkpoints.NonFiniteError` naming the
 step, the documents of its batch and the last complete checkpoint. No state holding NaN or Inf
-is ever saved. BUILD_NOTES.md, "Reliability", lists what is promised and the tests that kill,
-signal and poison runs.
+is ever saved. docs/reliability.md lists what is promised and the tests that kill, signal and
+poison runs.
 
 Devices: the steps run on the ``config.mesh`` device mesh (:mod:`docnmt_jax.parallel`; one
 device by default), the state initialised straight into its shardings
