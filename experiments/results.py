@@ -45,8 +45,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data_dir", default="data/bible", help="the prepared Bible corpus")
     p.add_argument(
         "--readme",
+        default="",
         help="also fill this file's <!-- results:begin/end --> block with the table "
-        "(default README.md; --quick: none)",
+        "(default: none; the README links docs/results.md instead)",
     )
     p.add_argument("--rows", default="", help="comma-separated rows (default: all)")
     p.add_argument("--seeds", default="0,1,2", help="seeds of the Transformer and FINAL rows")
@@ -63,10 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--jobs", type=int, default=0, help="processes sharing the rows (default 1; --quick 2)"
     )
     p.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # set by --jobs
-    args = p.parse_args(argv)
-    if args.readme is None:
-        args.readme = "" if args.quick else "README.md"
-    return args
+    return p.parse_args(argv)
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
