@@ -14,7 +14,8 @@ stage of every row is saved when done: run the same command again to resume (a l
 ``--base_steps`` trains the rows on from their checkpoints). A stage that fails is reported
 in one line (its traceback in ``OUT/rows/ROW/STAGE.error``) and the others go on; the exit
 status is then 1. ``--quick`` takes the few shortest chapters of each split (``OUT/data``)
-and tiny models; its table has every row and column of the full one.
+and tiny models, and trains the rows of ``QUICK_ROWS`` (one per model, objective and row
+kind; ``--rows`` names others); its table has every column of the full one.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from docnmt_jax import cli  # noqa: E402
 from docnmt_jax.errors import ConfigError  # noqa: E402
 from docnmt_jax.files import log_line  # noqa: E402
 from experiments import results_run  # noqa: E402
-from experiments.results_rows import Row, select_rows  # noqa: E402
+from experiments.results_rows import QUICK_ROWS, Row, select_rows  # noqa: E402
 from experiments.results_stages import STAGES, Settings, quick_settings  # noqa: E402
 
 
@@ -85,7 +86,8 @@ def chosen_rows(args: argparse.Namespace, settings: Settings) -> tuple[list[Row]
     """The rows this run reports (an extra row only when named, or once it is trained) and
     the names of the rows trained already (here or in the committed report)."""
     seeds = [int(s) for s in args.seeds.split(",") if s]
-    row_list = select_rows(args.rows, seeds if not settings.quick else [0], extras=True)
+    names = args.rows or (",".join(QUICK_ROWS) if settings.quick else "")
+    row_list = select_rows(names, seeds if not settings.quick else [0], extras=True)
     committed = results_run.committed_rows(results_run.doc_path(args, settings))
     trained = {
         r.name

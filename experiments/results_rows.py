@@ -213,6 +213,23 @@ def rows(seeds: Sequence[int] = (0, 1, 2)) -> list[Row]:
     return out
 
 
+#: the quick run's rows (``--quick`` without ``--rows``): one per model, objective and row
+#: kind (a config with an argument, a row-specific learning rate, pretrain -> finetune,
+#: continued training): what proves the runner works end to end, in a third of the rows
+QUICK_ROWS = (
+    "transformer",
+    "doc2doc",
+    "final",
+    "t3_doc2sent",
+    "doct",
+    "hmgdc_half_lr",
+    "jean_cho_margin",
+    "final_finetuned",
+    "transformer_continued",
+    "rnnsearch",
+)
+
+
 def select_rows(names: str, seeds: Sequence[int], extras: bool = False) -> list[Row]:
     """The rows named in ``names`` (comma-separated; '' = every row, the ``extra`` ones only
     with ``extras``) plus the rows they start from (``init_from``, trained first), in table
