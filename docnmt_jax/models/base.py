@@ -50,7 +50,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from docnmt_jax.errors import UserError
-from docnmt_jax.training import losses
+from docnmt_jax.models import losses
 
 if TYPE_CHECKING:
     from docnmt_jax.data.tokenized import PackingConfig, PipelineConfig

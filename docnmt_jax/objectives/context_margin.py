@@ -63,10 +63,10 @@ import jax
 import jax.numpy as jnp
 
 from docnmt_jax.data.schema import dummy_batch
+from docnmt_jax.models import losses
 from docnmt_jax.models.base import Metric, Metrics, Model, ModelError
 from docnmt_jax.models.concat import pack_tokens
 from docnmt_jax.objectives.base import Objective, ObjectiveError, register_objective
-from docnmt_jax.training import losses
 
 Array = jax.Array
 PyTree = Any
