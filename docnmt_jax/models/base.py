@@ -50,6 +50,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from docnmt_jax.errors import UserError
+from docnmt_jax.flops import BatchShape, Terms
 from docnmt_jax.models import losses
 
 if TYPE_CHECKING:
@@ -302,6 +303,19 @@ class BaseModel:
             "defined for final, doc2doc, hmgdc, rnnsearch_hmgdc, doct and jean_cho)"
         )
 
+    @property
+    def counts_flops(self) -> bool:
+        """Whether a FLOP counter was registered with the model (``register(flops=...)``)."""
+        entry = _REGISTRY.get(self.name)
+        return entry is not None and entry.flops is not None
+
+    def flop_terms(self, shape: BatchShape) -> Terms:
+        """Forward FLOPs per named term of a batch of ``shape``: the registered counter's
+        (:mod:`docnmt_jax.flops`); NotImplementedError when none was registered."""
+        if not self.counts_flops:
+            raise NotImplementedError(f"model {self.name!r} registered no FLOP counter")
+        return _REGISTRY[self.name].flops(self.config, shape)
+
 
 #: The positional inputs of every model's module, in order; :meth:`BaseModel.rows` may add
 #: keyword inputs (:func:`module_options`).
@@ -418,19 +432,20 @@ def random_context_batch(batch: Batch, rng: Array) -> Batch:
 @dataclasses.dataclass(frozen=True)
 class Registration:
     """A registered model: its class, its config dataclass and its FLOP counter
-    (``flops(config, shape) -> {term: FLOPs}`` of one forward pass, :mod:`docnmt_jax.flops`)."""
+    (``flops(config, shape) -> {term: FLOPs}`` of one forward pass, defined beside the model
+    from the layer costs of :mod:`docnmt_jax.flops`)."""
 
     name: str
     model_class: type[BaseModel]
     config_class: type
-    flops: Callable[[Any, Any], dict[str, int]] | None
+    flops: Callable[[Any, BatchShape], Terms] | None
 
 
 _REGISTRY: dict[str, Registration] = {}
 
 
 def register(
-    name: str, *, config: type, flops: Callable[[Any, Any], dict[str, int]] | None = None
+    name: str, *, config: type, flops: Callable[[Any, BatchShape], Terms] | None = None
 ) -> Callable[[type[BaseModel]], type[BaseModel]]:
     """Class decorator: makes the model buildable as ``config.model.name = name``."""
 

@@ -51,7 +51,12 @@ from docnmt_jax.models.base import (
     require_grid,
     sentence_pair_attention,
 )
-from docnmt_jax.models.transformer import Transformer, TransformerConfig, packed_rows
+from docnmt_jax.models.transformer import (
+    Transformer,
+    TransformerConfig,
+    packed_rows,
+    transformer_terms,
+)
 
 Array = jax.Array
 
@@ -189,7 +194,15 @@ def chunk_output_limits(src_mask: Array, search: SearchConfig, cap: int) -> tupl
     return max_len, jnp.clip(total, 1, max_len).astype(jnp.int32)
 
 
-@register("doc2doc", config=Doc2DocConfig, flops=flops.doc2doc_terms)
+def doc2doc_terms(config: Doc2DocConfig, shape: flops.BatchShape) -> flops.Terms:
+    """Forward FLOPs of Doc2Doc: the sentence Transformer on ``B`` rows of ``S·Ts`` source
+    and ``S·Tt`` target tokens (each chunk packed into one sequence), so its attention terms
+    grow with ``(S·T)²``."""
+    B, S = shape.chunks, shape.sentences
+    return transformer_terms(config, flops.BatchShape(B, 1, S * shape.src_len, S * shape.tgt_len))
+
+
+@register("doc2doc", config=Doc2DocConfig, flops=doc2doc_terms)
 class Doc2DocModel(BaseModel):
     """The sentence Transformer over packed chunks (Zheng et al. 2020, Table 3, Doc2Doc)."""
 

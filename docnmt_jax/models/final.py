@@ -79,6 +79,7 @@ from docnmt_jax.models.final_layers import (
     LocalEncoderLayer,
     Segments,
     SentenceDecoderLayer,
+    global_layer_terms,
     transformer_rules,
 )
 from docnmt_jax.models.transformer import TransformerConfig
@@ -86,6 +87,7 @@ from docnmt_jax.models.xl import (
     MemoryKV,
     XLDecoderLayer,
     packed_decoder_attention,
+    xl_decoder_terms,
 )
 
 Array = jax.Array
@@ -391,7 +393,35 @@ class Final(FinalSearchSteps):
         return self.decode(encoded, src_mask, layers.shift_right(tgt, BOS_ID), tgt_mask)
 
 
-@register("final", config=FinalConfig, flops=flops.final_terms)
+def final_terms(config: FinalConfig, shape: flops.BatchShape) -> flops.Terms:
+    """Forward FLOPs of FINAL (any Table 3 switch setting) on ``shape``'s chunks: the local
+    encoder layers (``Le - 1``; ``Le`` without the global layer) on ``N`` rows of ``Ts``
+    tokens (doc2sent: ``B`` rows of ``S·Ts``), the global layer per chunk
+    (:func:`~docnmt_jax.models.final_layers.global_layer_terms`), the XL decoder layers with
+    the previous sentence as memory (``Tm = Tt``, :func:`~docnmt_jax.models.xl.xl_decoder_terms`)
+    or the sentence decoder's, the output softmax ``2·Tt·D·V`` per sentence row. With the
+    chunk-wide cross-attention of doc2sent each row attends over ``S·Ts`` keys
+    (``2·2·Tt·S·Ts·D``); its K, V projections stay ``2·2·Ts·D²`` per row."""
+    D, F, N = config.d_model, config.ffn_dim, shape.rows
+    B, S, Ts, Tt = shape.chunks, shape.sentences, shape.src_len, shape.tgt_len
+    total: flops.Terms = {}
+    local = config.num_encoder_layers - int(config.segment_relative_attention)
+    rows, T = (B, S * Ts) if config.doc2sent else (N, Ts)
+    flops.add_terms(total, "encoder", flops.encoder_layer(rows, T, D, F), local)
+    if config.segment_relative_attention:
+        flops.add_terms(total, "global", global_layer_terms(B, S, Ts, config))
+    if config.xl_decoder:
+        layer = xl_decoder_terms(N, Tt, Tt, Ts, D, F)
+    else:
+        layer = flops.decoder_layer(N, Tt, Ts, D, F)
+    if config.cross_attends_chunk:  # every sentence row attends over its chunk's S·Ts keys
+        layer["cross_attention"] = N * 2 * 2 * Tt * S * Ts * D
+    flops.add_terms(total, "decoder", layer, config.num_decoder_layers)
+    total["output"] = N * 2 * Tt * D * config.vocab_size
+    return total
+
+
+@register("final", config=FinalConfig, flops=final_terms)
 class FinalModel(BaseModel):
     """FINAL and the rows of Table 3 (switches of :class:`FinalConfig`) behind the model
     interface. With the XL decoder the layout is slot by slot (each sentence's memory is the

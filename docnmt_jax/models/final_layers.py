@@ -62,6 +62,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from docnmt_jax import flops
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.models import layers, transformer
 from docnmt_jax.models.xl import (
@@ -287,6 +288,32 @@ class SentenceDecoderLayer(transformer.DecoderLayer):
         self_mask = (jnp.arange(cache["key"].shape[2]) <= index)[None, None, None, :]
         cross_kv = (inputs["cross_key"], inputs["cross_value"])
         return self(y, self_mask, None, cross_mask, cache=cache, index=index, cross_kv=cross_kv)
+
+
+def global_layer_terms(chunks: int, S: int, Ts: int, config: FinalConfig) -> flops.Terms:
+    """Forward FLOPs of the global context layer over ``chunks`` of ``L = S·Ts`` tokens, with
+    ``R2 = 2·min(max_relative_distance, S-1) + 1`` sentence distances::
+
+      projections  4 · 2·L·D²
+      attention    2 · 2·L²·D
+      segment rel  2·L·R2·D               q·γ^K per distance
+                   + 2·L·R2·D             attention mass per distance · γ^V
+                   + 2 · 2·L·S·R2·H       one-hot spread of q·γ^K to sentence pairs, and of
+                                          the mass back to distances
+      gate         2·L·(2D)·D             W_g [h^L; h^G] (with the fusion gate)
+      ffn          2 · 2·L·D·F
+    """
+    D, F, H = config.d_model, config.ffn_dim, config.num_heads
+    L, R2 = S * Ts, 2 * min(config.max_relative_distance, S - 1) + 1
+    terms = {
+        "projections": chunks * 4 * 2 * L * D * D,
+        "attention": chunks * 2 * 2 * L * L * D,
+        "segment_relative": chunks * (2 * 2 * L * R2 * D + 2 * 2 * L * S * R2 * H),
+        "ffn": chunks * 2 * 2 * L * D * F,
+    }
+    if config.context_fusion_gate:
+        terms["gate"] = chunks * 2 * L * 2 * D * D
+    return terms
 
 
 def transformer_rules(cfg: FinalConfig) -> list[tuple[str, str]]:
