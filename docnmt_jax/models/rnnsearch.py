@@ -47,7 +47,6 @@ The shared recurrent blocks (GRU, bi-GRU, additive attention, the decoder step) 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,6 +76,7 @@ from docnmt_jax.models.rnn_layers import (
     GRUCell,
     Linear,
     MLPAttention,
+    RNNSearchConfig,
     decoder_step,
 )
 from docnmt_jax.models.transformer import sentence_rows
@@ -86,28 +86,6 @@ Weights = dict[str, Any]
 
 #: The source side (``init_from_rules = "source"``): source embedding and sentence encoder.
 SOURCE_PARAMETERS = r"source_embed/.*|encoder_layers_\d+/.*"
-
-
-@dataclasses.dataclass(frozen=True)
-class RNNSearchConfig:
-    """RNNSearch hyper-parameters (defaults: Tan et al. 2019, Sec. 3.1: 2 layers, 500 units).
-    ``d_model`` is the hidden size: decoder GRUs, attention, encoder output (each encoder
-    direction ``d_model / 2``)."""
-
-    vocab_size: int = 8000
-    embed_dim: int = 500
-    d_model: int = 500
-    num_layers: int = 2
-    dropout_rate: float = 0.1
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
-    deterministic: bool = False
-
-    def __post_init__(self) -> None:
-        if self.d_model % 2:
-            raise ValueError(f"d_model must be even (two encoder directions): {self.d_model}")
-        if self.num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1: {self.num_layers}")
 
 
 class RNNSearch(nn.Module):
