@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import flax.linen as nn
 import jax
@@ -369,25 +369,29 @@ def random_context_batch(batch: Batch, rng: Array) -> Batch:
 
 @dataclasses.dataclass(frozen=True)
 class Registration:
-    """A registered model: its class, its config dataclass and its FLOP counter
-    (``flops(config, shape) -> {term: FLOPs}`` of one forward pass, defined beside the model
-    from the layer costs of :mod:`docnmt_jax.flops`)."""
+    """A registered model: its class (a :class:`BaseModel` subclass, or any class with the
+    capabilities of :mod:`docnmt_jax.models.contract` it needs), its config dataclass and its
+    FLOP counter (``flops(config, shape) -> {term: FLOPs}`` of one forward pass, defined
+    beside the model from the layer costs of :mod:`docnmt_jax.flops`)."""
 
     name: str
-    model_class: type[BaseModel]
+    model_class: type
     config_class: type
     flops: Callable[[Any, BatchShape], Terms] | None
 
 
 _REGISTRY: dict[str, Registration] = {}
+ModelClass = TypeVar("ModelClass", bound=type)
 
 
 def register(
     name: str, *, config: type, flops: Callable[[Any, BatchShape], Terms] | None = None
-) -> Callable[[type[BaseModel]], type[BaseModel]]:
-    """Class decorator: makes the model buildable as ``config.model.name = name``."""
+) -> Callable[[ModelClass], ModelClass]:
+    """Class decorator: makes the model buildable as ``config.model.name = name``
+    (:func:`build_model` calls ``cls(config, label_smoothing=...)``); sets ``cls.name`` and
+    ``cls.config_class``."""
 
-    def decorate(cls: type[BaseModel]) -> type[BaseModel]:
+    def decorate(cls: ModelClass) -> ModelClass:
         old = _REGISTRY.get(name)
         if old is not None and old.model_class.__qualname__ != cls.__qualname__:
             raise ValueError(f"model name {name!r} is already registered by {old.model_class}")
@@ -434,9 +438,11 @@ def dataclass_from_mapping(cls: type, values: Mapping[str, Any], where: str) -> 
 
 def build_model(
     model_config: Mapping[str, Any], vocab_size: int, label_smoothing: float = 0.0
-) -> BaseModel:
+) -> Model:
     """The model ``model_config['name']`` (default ``transformer``) with the tokenizer's
-    vocabulary size; ``label_smoothing`` is its loss's epsilon."""
+    vocabulary size; ``label_smoothing`` is its loss's epsilon. Every model we ship has every
+    capability of :class:`Model`; a registered model with fewer is refused where a missing
+    one is needed (:func:`~docnmt_jax.models.contract.require`)."""
     values = dict(model_config)
     entry = registration(values.get("name", "transformer"))
     values["vocab_size"] = vocab_size
