@@ -73,7 +73,7 @@ def sums_as_metrics(loss: Array, nll: Array, tokens: Array) -> Metrics:
 def scored_tokens(
     logits: Array, targets: Array, mask: Array, smoothing: float
 ) -> tuple[Array, Metrics]:
-    """``(log p(target) * mask``, shaped like ``targets``; :func:`token_metrics`) of forward
+    """``log p(target) * mask`` (shaped like ``targets``) and :func:`token_metrics` of forward
     rows, from one evaluation of the token losses."""
     loss, nll = losses.token_losses(logits, targets, smoothing)
     weights = mask.astype(jnp.float32)
