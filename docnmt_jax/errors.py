@@ -38,3 +38,13 @@ class ConfigError(UserError, ValueError):
 class InputMismatchError(UserError, ValueError):
     """Inputs that do not fit together or hold nothing (hypotheses vs references, an empty
     list, a chunk or option the input does not have)."""
+
+
+class ModelError(UserError, ValueError):
+    """A user's mistake in the model configuration or its use (one-line message)."""
+
+
+class CapabilityError(ModelError, TypeError):
+    """A model was asked for something it does not implement (a capability of
+    :mod:`docnmt_jax.models.contract`, e.g. translating a model without search); the message
+    names the model, what was asked and the members it lacks."""

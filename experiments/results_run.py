@@ -49,8 +49,8 @@ def shortest(path: str, n: int) -> list:
 def prepare(args: argparse.Namespace, settings: Settings) -> Plan:
     """The corpus (the quick run's subset), the shared tokenizer, the synthetic corpus and
     the Transformer's tokens per step (the budget's unit)."""
+    from docnmt_jax.commands import context_proof
     from docnmt_jax.data.tokenizer import get_or_train_tokenizer
-    from docnmt_jax.evaluation import context_proof
     from docnmt_jax.training import data_setup
 
     have_bible = os.path.exists(os.path.join(args.data_dir, "test.tsv"))

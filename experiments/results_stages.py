@@ -20,7 +20,7 @@ inputs, and training resumes from its checkpoints: the job is resumable):
     sees it).
 ``synthetic``
     the row's architecture trained on the synthetic context task at the proof size
-    (:data:`~docnmt_jax.evaluation.context_proof.TINY`) and scored on its labelled words
+    (:data:`~docnmt_jax.commands.context_proof.TINY`) and scored on its labelled words
     (accuracy overall and per antecedent distance; chance 1/3). Rows that differ only in
     seed or initialisation share their base row's (``synthetic_from``).
 ``params``
@@ -260,7 +260,7 @@ _PROOF_KEYS = frozenset(
 
 def synthetic_config(row: Row, settings: Settings, data_dir: str) -> ml_collections.ConfigDict:
     """The row's architecture at the proof size on the synthetic corpus in ``data_dir``."""
-    from docnmt_jax.evaluation import context_proof
+    from docnmt_jax.commands import context_proof
 
     config = load_config(row.config)
     for key, value in row.overrides:
@@ -291,7 +291,7 @@ def synthetic_config(row: Row, settings: Settings, data_dir: str) -> ml_collecti
 def synthetic_row(row: Row, settings: Settings, data_dir: str) -> dict[str, Any]:
     """The row's architecture on the synthetic context task (proof size): accuracy of the
     labelled words, overall and per antecedent distance."""
-    from docnmt_jax.evaluation import context_proof
+    from docnmt_jax.commands import context_proof
 
     config = synthetic_config(row, settings, data_dir)
     scores = context_proof.run(

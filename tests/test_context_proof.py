@@ -11,9 +11,9 @@ import sys
 import pytest
 from conftest import ROOT
 
+from docnmt_jax.commands import context_proof
 from docnmt_jax.config_files import load_config
 from docnmt_jax.data import synthetic
-from docnmt_jax.evaluation import context_proof
 
 FAST_TASK = dict(
     num_documents=2000,

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from docnmt_jax.training import losses, optim
+from docnmt_jax.models import losses
+from docnmt_jax.training import optim
 
 
 def _reference(logits, targets, mask, eps):

@@ -182,7 +182,7 @@ def test_a_training_stopped_by_a_signal_leaves_no_record(synthetic_dir, tmp_path
         )
     assert calls == [600] and not os.path.exists(path)
     # The synthetic stage's training likewise.
-    from docnmt_jax.evaluation import context_proof
+    from docnmt_jax.commands import context_proof
 
     monkeypatch.setattr(context_proof, "run", lambda *a, **k: {"step": 5, "accuracy": 0.3})
     with pytest.raises(KeyboardInterrupt, match="synthetic training stopped at 5"):

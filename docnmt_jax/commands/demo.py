@@ -35,7 +35,7 @@ from docnmt_jax.errors import RunNotFoundError
 PY = sys.executable
 DEMO_TASK = dict(
     p_pronoun="1", p_topic="1", distances="1,2", min_sentences="3", max_sentences="8"
-)  # docnmt_jax.evaluation.context_proof.DENSE_TASK
+)  # docnmt_jax.commands.context_proof.DENSE_TASK
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

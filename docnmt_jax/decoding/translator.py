@@ -1,13 +1,15 @@
 """Translating documents with a trained model: batching, the compiled search, detokenisation,
 order.
 
-The model-specific part is the model's search (:meth:`~docnmt_jax.models.base.Model.translate`,
-compiled by :func:`~docnmt_jax.decoding.search.compile_translate`: ``(params, batch) -> (ids
-[B, S, L], aux)``); this module feeds it fixed-shape batches from the document pipeline laid
-out as the model declares (``model.layout``), so it compiles once per shape, puts the
-detokenised sentences back in input order, and streams long inputs block by block so memory
-does not grow with the input. ``translate.py`` and dev BLEU during training run this same
-class, on one device or on a mesh (``mesh``: batch rows split over ``data x fsdp``).
+The model-specific part is the model's search (the search capability,
+:meth:`~docnmt_jax.models.contract.Searchable.translate`, compiled by
+:func:`~docnmt_jax.decoding.search.compile_translate`: ``(params, batch) -> (ids [B, S, L],
+aux)``; a model without it is a one-line :class:`~docnmt_jax.errors.CapabilityError`); this
+module feeds it fixed-shape batches from the document pipeline laid out as the model declares
+(``model.layout``), so it compiles once per shape, puts the detokenised sentences back in
+input order, and streams long inputs block by block so memory does not grow with the input.
+``translate.py`` and dev BLEU during training run this same class, on one device or on a mesh
+(``mesh``: batch rows split over ``data x fsdp``).
 
 ``aux`` holds per-chunk arrays ``[B]``. Known keys: ``"sentence_counts"``, the number of
 sentences the model produced for each chunk (models that translate a chunk as one sequence,
@@ -50,7 +52,7 @@ from docnmt_jax.data.tokenized import LongSentencesError, TokenizedCorpus
 from docnmt_jax.data.tokenizer import PAD_ID, Tokenizer
 from docnmt_jax.decoding.search import SearchConfig, TranslateFn, compile_translate
 from docnmt_jax.errors import TextTooLongError
-from docnmt_jax.models.base import Model
+from docnmt_jax.models.contract import Searchable, SlotSearch, require
 
 #: The source limit used to tokenise a block for a model without one (nothing is cut).
 UNLIMITED = 2**31 - 1
@@ -168,7 +170,7 @@ class Translator:
 
     def __init__(
         self,
-        model: Model,
+        model: Searchable,
         params: Any,
         tokenizer: Tokenizer,
         search: SearchConfig,
@@ -178,6 +180,9 @@ class Translator:
         mesh: parallel.Layout | None = None,
         max_source_tokens: int | None = MAX_SOURCE_TOKENS,
     ):
+        require(model, Searchable, "translate")
+        if model.layout.sequential:
+            require(model, SlotSearch, "translate slot by slot (its layout)")
         self.model = model
         self.params = params
         self.tokenizer = tokenizer

@@ -8,8 +8,9 @@ of Tan et al. 2019, ``hmgdc.py``), ``rnnsearch`` and ``rnnsearch_hmgdc`` (RNNSea
 in its encoder, Tan et al. 2019 Table 1, ``rnnsearch.py`` and ``hmgdc_rnn.py``, the recurrent
 blocks in ``rnn_layers.py``), ``jean_cho`` (the larger-context Transformer of Jean & Cho 2019,
 ``jean_cho.py``).
-A new model is one module with a ``@register("name", config=..., flops=...)`` class; nothing
-else in the package changes (docs/design.md, "Adding a model").
+A new model is one module with a ``@register("name", config=..., flops=...)`` class that
+implements the capabilities of the model contract it needs (:mod:`.contract`); nothing else in
+the package changes (docs/design.md, "Adding a model").
 """
 
 from docnmt_jax.models import (  # noqa: F401
@@ -32,13 +33,35 @@ from docnmt_jax.models.base import (
     register,
     registered,
 )
+from docnmt_jax.models.contract import (
+    Core,
+    FlopCounting,
+    PackedTraining,
+    PretrainMapping,
+    RandomContext,
+    Scoring,
+    Searchable,
+    SentenceAttention,
+    SlotSearch,
+    Trainable,
+)
 
 __all__ = [
     "BaseModel",
     "BatchLayout",
+    "Core",
+    "FlopCounting",
     "Metric",
     "Model",
     "ModelError",
+    "PackedTraining",
+    "PretrainMapping",
+    "RandomContext",
+    "Scoring",
+    "Searchable",
+    "SentenceAttention",
+    "SlotSearch",
+    "Trainable",
     "build_model",
     "register",
     "registered",

@@ -1,56 +1,48 @@
-"""The one declared model interface, the base class that implements most of it, the registry.
+"""The base class that implements the model contract for a flax module, and the registry.
 
-Every model (one module per paper) is a :class:`BaseModel` subclass registered with
-:func:`register`; the trainer, the translator, the contrastive scorer and the launch scripts
-see only the :class:`Model` protocol:
-
-* ``layout`` (:class:`BatchLayout`): how batch rows are built and decoded -- one sentence per
-  row, whole chunks translated at once, or chunks translated slot by slot with a target
-  memory. It drives both the training pipeline (``data.sentence_level`` is derived from it)
-  and the translator.
-* ``init(rng, batch)``: initial variables, parameters boxed with logical axis names.
-* ``loss(params, batch, rng, train) -> (loss, metrics)``: what the trainer differentiates
-  (label-smoothed cross-entropy per target token by default); ``metrics`` maps names to
-  :class:`Metric` sums that the trainer accumulates, logs and evaluates without knowing them.
-* ``score(params, batch) -> [B, S]``: log-likelihood of every target sentence (teacher forced,
-  with the model's context), for contrastive evaluation and forced choice.
-* ``with_random_context(batch, rng)``: the batch with every sentence's context taken from
-  other rows (Jean & Cho 2019); sentence models raise :class:`ModelError`.
-* ``context_sentences``: how many source sentences before every chunk the pipeline adds as
-  ``context_src`` (0 but for models whose context window reaches into the previous chunk).
-* ``whole_documents``: whether the pipeline's chunks must be whole documents, however long
-  (models whose context is the whole document, HM-GDC; ``PipelineConfig.whole_documents``).
-* ``translate(params, batch, search) -> (ids [B, S, L], aux)``: pure, jit-able search; models
-  of the slot-by-slot layout implement the hooks ``search_inputs``/``search_slot`` instead
-  (:mod:`docnmt_jax.decoding.search`).
-* ``sentence_attention(params, batch) -> [B, S, S]`` (optional): the sentence-to-sentence
-  attention of Zheng et al. (2020), Fig. 4, ``alpha^kappa_k = 1/|x_k| sum_i sum_j
-  alpha^{kappa,j}_{k,i}`` of the model's attention across sentences (heads averaged): row
-  ``k`` (attending sentence) over columns ``kappa`` (attended sentences of the chunk), 0 on
-  padding sentences. Models without attention across sentences raise :class:`ModelError`
-  (the default); :func:`captured_attention` and :func:`sentence_pair_attention` implement it
-  for a model from its token-level weights.
+The contract -- what the trainer, the translator, the objectives, the evaluation and the
+launch scripts call on a model, split by capability -- is :mod:`docnmt_jax.models.contract`
+(its :class:`~docnmt_jax.models.contract.Model` protocol, :class:`BatchLayout` and
+:class:`Metric` are re-exported here). Every model we ship (one module per paper) is a
+:class:`BaseModel` subclass registered with :func:`register`; a model may also implement
+only the capabilities it needs without this base class.
 
 :class:`BaseModel` provides ``init``, the train/eval flax modules (``deterministic`` False /
-True), the forward pass, ``loss`` and ``score`` through one hook, :meth:`BaseModel.rows`:
-the module's ``(src, src_mask, tgt, tgt_mask)`` inputs built from a pipeline batch, whose
-targets are the loss targets.
+True), the forward pass, ``loss``, ``token_scores`` and ``score`` through one hook,
+:meth:`BaseModel.rows`: the module's ``(src, src_mask, tgt, tgt_mask)`` inputs built from a
+pipeline batch, whose targets are the loss targets. Subclasses add ``translate`` (or, slot by
+slot, the hooks ``search_inputs``/``search_slot`` of :mod:`docnmt_jax.decoding.search`) and
+override what their paper changes: ``context_sentences``/``whole_documents`` (data needs),
+``packing``, ``check_data``, ``with_random_context``, ``transformer_rules``.
+
+``sentence_attention(params, batch) -> [B, S, S]`` is the sentence-to-sentence attention of
+Zheng et al. (2020), Fig. 4, ``alpha^kappa_k = 1/|x_k| sum_i sum_j alpha^{kappa,j}_{k,i}`` of
+the model's attention across sentences (heads averaged): row ``k`` (attending sentence) over
+columns ``kappa`` (attended sentences of the chunk), 0 on padding sentences. Models without
+attention across sentences raise :class:`ModelError` (the default);
+:func:`captured_attention` and :func:`sentence_pair_attention` implement it for a model from
+its token-level weights.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from flax import struct
 
-from docnmt_jax.errors import UserError
-from docnmt_jax.training import losses
+from docnmt_jax.errors import CapabilityError
+from docnmt_jax.errors import ModelError as ModelError
+from docnmt_jax.flops import BatchShape, Terms
+from docnmt_jax.models import losses
+from docnmt_jax.models.contract import BatchLayout as BatchLayout
+from docnmt_jax.models.contract import Metric as Metric
+from docnmt_jax.models.contract import Metrics as Metrics
+from docnmt_jax.models.contract import Model as Model
+from docnmt_jax.models.contract import reduce_metrics as reduce_metrics
 
 if TYPE_CHECKING:
     from docnmt_jax.data.tokenized import PackingConfig, PipelineConfig
@@ -62,104 +54,31 @@ Batch = dict[str, Array]
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
-class ModelError(UserError, ValueError):
-    """A user's mistake in the model configuration or its use (one-line message)."""
-
-
-class BatchLayout(enum.Enum):
-    """How a model's batch rows are built and decoded."""
-
-    SENTENCES = "sentences"  # one sentence per row (pipeline chunks of one sentence)
-    CHUNKS = "chunks"  # chunks of up to S sentences; all sentences translated at once
-    SEQUENTIAL_CHUNKS = "sequential_chunks"  # chunks; translated slot by slot with a memory
-
-    @property
-    def sentence_level(self) -> bool:
-        """Whether the pipeline cuts documents into one-sentence chunks."""
-        return self is BatchLayout.SENTENCES
-
-    @property
-    def sequential(self) -> bool:
-        """Whether a chunk's sentences are searched one after another (the translation budget
-        then counts one sentence per chunk, :class:`~docnmt_jax.data.pipeline.PipelineConfig`)."""
-        return self is BatchLayout.SEQUENTIAL_CHUNKS
-
-
-@struct.dataclass
-class Metric:
-    """A metric as sums: ``total`` and ``weight`` add up over steps, batches and devices.
-
-    Reported as ``total / weight`` (``reduce="mean"``), ``exp(total / weight)`` (``"exp_mean"``,
-    e.g. perplexity from the NLL sum) or ``total`` (``"sum"``, e.g. token counts).
-    """
-
-    total: Array
-    weight: Array
-    reduce: str = struct.field(pytree_node=False, default="mean")
-
-    def __add__(self, other: Metric) -> Metric:
-        return Metric(self.total + other.total, self.weight + other.weight, self.reduce)
-
-    def value(self) -> float:
-        total, weight = float(self.total), max(float(self.weight), 1e-12)
-        if self.reduce == "sum":
-            return total
-        if self.reduce == "exp_mean":
-            return float(jnp.exp(min(total / weight, 50.0)))
-        return total / weight
-
-
-Metrics = dict[str, Metric]
-
-
-def reduce_metrics(metrics: Mapping[str, Metric]) -> dict[str, float]:
-    """Host values of accumulated metrics (:meth:`Metric.value`)."""
-    return {name: metric.value() for name, metric in jax.device_get(dict(metrics)).items()}
-
-
 def token_metrics(logits: Array, targets: Array, mask: Array, smoothing: float) -> Metrics:
     """The label-smoothed loss, NLL, perplexity and token count of a batch as :class:`Metric`."""
     sums = losses.masked_loss_sums(logits, targets, mask, smoothing)
-    tokens = sums["tokens"]
+    return sums_as_metrics(sums["loss"], sums["nll"], sums["tokens"])
+
+
+def sums_as_metrics(loss: Array, nll: Array, tokens: Array) -> Metrics:
+    """``loss``, ``nll``, ``ppl`` per token and the ``tokens`` count from their sums."""
     return {
-        "loss": Metric(sums["loss"], tokens),
-        "nll": Metric(sums["nll"], tokens),
-        "ppl": Metric(sums["nll"], tokens, "exp_mean"),
+        "loss": Metric(loss, tokens),
+        "nll": Metric(nll, tokens),
+        "ppl": Metric(nll, tokens, "exp_mean"),
         "tokens": Metric(tokens, jnp.ones(()), "sum"),
     }
 
 
-@runtime_checkable
-class Model(Protocol):
-    """What the trainer, the translator and the evaluation code use of a model."""
-
-    name: ClassVar[str]
-    layout: ClassVar[BatchLayout]
-    config: Any
-
-    @property
-    def context_sentences(self) -> int: ...
-
-    @property
-    def whole_documents(self) -> bool: ...
-
-    def max_source_len(self, sentences_per_chunk: int) -> int | None: ...
-
-    def init(self, rng: Array, batch: Batch) -> PyTree: ...
-
-    def loss(
-        self, params: PyTree, batch: Batch, rng: Array | None, train: bool
-    ) -> tuple[Array, Metrics]: ...
-
-    def score(self, params: PyTree, batch: Batch) -> Array: ...
-
-    def with_random_context(self, batch: Batch, rng: Array) -> Batch: ...
-
-    def translate(
-        self, params: PyTree, batch: Batch, search: Any
-    ) -> tuple[Array, dict[str, Array]]: ...
-
-    def sentence_attention(self, params: PyTree, batch: Batch) -> Array: ...
+def scored_tokens(
+    logits: Array, targets: Array, mask: Array, smoothing: float
+) -> tuple[Array, Metrics]:
+    """``log p(target) * mask`` (shaped like ``targets``) and :func:`token_metrics` of forward
+    rows, from one evaluation of the token losses."""
+    loss, nll = losses.token_losses(logits, targets, smoothing)
+    weights = mask.astype(jnp.float32)
+    metrics = sums_as_metrics(jnp.sum(loss * weights), jnp.sum(nll * weights), jnp.sum(weights))
+    return -nll * mask, metrics
 
 
 class BaseModel:
@@ -268,6 +187,23 @@ class BaseModel:
         loss = metrics["loss"].total / jnp.maximum(metrics["loss"].weight, 1.0)
         return loss, metrics
 
+    def token_scores(
+        self, params: PyTree, batch: Batch, rng: Array | None, train: bool
+    ) -> tuple[Array, Metrics]:
+        """``log p(y*_t | y*_<t, x, context) [B, S, T]`` of a grid batch's reference tokens
+        (0 on padding) and :func:`token_metrics` of the same forward pass; default: one row
+        of :meth:`forward` per sentence (a model whose rows are not must override it)."""
+        require_grid(batch, "token_scores")
+        logits, targets, mask = self.forward(params, batch, rng, train)
+        B, S, T = batch["tgt"].shape
+        if targets.shape != (B * S, T):
+            raise ModelError(
+                f"model {self.name!r}: forward rows {targets.shape} are not one sentence each "
+                f"{(B * S, T)}; its class must implement token_scores"
+            )
+        log_probs, metrics = scored_tokens(logits, targets, mask, self.label_smoothing)
+        return log_probs.reshape(B, S, T), metrics
+
     def score(self, params: PyTree, batch: Batch) -> Array:
         """``log p(y_k | x, context) [B, S]``, summed over each sentence's tokens (0 for
         padding sentences); default: one row of :meth:`forward` per sentence."""
@@ -292,7 +228,10 @@ class BaseModel:
             from docnmt_jax.decoding.search import scan_slots
 
             return scan_slots(self, params, batch, search)
-        raise NotImplementedError(f"{type(self).__name__} must implement translate")
+        raise CapabilityError(
+            f"model {self.name!r} cannot translate: {type(self).__name__} implements no "
+            "translate (the Searchable capability of docnmt_jax.models.contract)"
+        )
 
     def sentence_attention(self, params: PyTree, batch: Batch) -> Array:
         """Sentence-to-sentence attention ``[B, S, S]`` of a grid batch (Zheng et al. 2020,
@@ -301,6 +240,19 @@ class BaseModel:
             f"model {self.name!r} has no attention across sentences (sentence_attention is "
             "defined for final, doc2doc, hmgdc, rnnsearch_hmgdc, doct and jean_cho)"
         )
+
+    @property
+    def counts_flops(self) -> bool:
+        """Whether a FLOP counter was registered with the model (``register(flops=...)``)."""
+        entry = _REGISTRY.get(self.name)
+        return entry is not None and entry.flops is not None
+
+    def flop_terms(self, shape: BatchShape) -> Terms:
+        """Forward FLOPs per named term of a batch of ``shape``: the registered counter's
+        (:mod:`docnmt_jax.flops`); NotImplementedError when none was registered."""
+        if not self.counts_flops:
+            raise NotImplementedError(f"model {self.name!r} registered no FLOP counter")
+        return _REGISTRY[self.name].flops(self.config, shape)
 
 
 #: The positional inputs of every model's module, in order; :meth:`BaseModel.rows` may add
@@ -417,24 +369,29 @@ def random_context_batch(batch: Batch, rng: Array) -> Batch:
 
 @dataclasses.dataclass(frozen=True)
 class Registration:
-    """A registered model: its class, its config dataclass and its FLOP counter
-    (``flops(config, shape) -> {term: FLOPs}`` of one forward pass, :mod:`docnmt_jax.flops`)."""
+    """A registered model: its class (a :class:`BaseModel` subclass, or any class with the
+    capabilities of :mod:`docnmt_jax.models.contract` it needs), its config dataclass and its
+    FLOP counter (``flops(config, shape) -> {term: FLOPs}`` of one forward pass, defined
+    beside the model from the layer costs of :mod:`docnmt_jax.flops`)."""
 
     name: str
-    model_class: type[BaseModel]
+    model_class: type
     config_class: type
-    flops: Callable[[Any, Any], dict[str, int]] | None
+    flops: Callable[[Any, BatchShape], Terms] | None
 
 
 _REGISTRY: dict[str, Registration] = {}
+ModelClass = TypeVar("ModelClass", bound=type)
 
 
 def register(
-    name: str, *, config: type, flops: Callable[[Any, Any], dict[str, int]] | None = None
-) -> Callable[[type[BaseModel]], type[BaseModel]]:
-    """Class decorator: makes the model buildable as ``config.model.name = name``."""
+    name: str, *, config: type, flops: Callable[[Any, BatchShape], Terms] | None = None
+) -> Callable[[ModelClass], ModelClass]:
+    """Class decorator: makes the model buildable as ``config.model.name = name``
+    (:func:`build_model` calls ``cls(config, label_smoothing=...)``); sets ``cls.name`` and
+    ``cls.config_class``."""
 
-    def decorate(cls: type[BaseModel]) -> type[BaseModel]:
+    def decorate(cls: ModelClass) -> ModelClass:
         old = _REGISTRY.get(name)
         if old is not None and old.model_class.__qualname__ != cls.__qualname__:
             raise ValueError(f"model name {name!r} is already registered by {old.model_class}")
@@ -481,9 +438,11 @@ def dataclass_from_mapping(cls: type, values: Mapping[str, Any], where: str) -> 
 
 def build_model(
     model_config: Mapping[str, Any], vocab_size: int, label_smoothing: float = 0.0
-) -> BaseModel:
+) -> Model:
     """The model ``model_config['name']`` (default ``transformer``) with the tokenizer's
-    vocabulary size; ``label_smoothing`` is its loss's epsilon."""
+    vocabulary size; ``label_smoothing`` is its loss's epsilon. Every model we ship has every
+    capability of :class:`Model`; a registered model with fewer is refused where a missing
+    one is needed (:func:`~docnmt_jax.models.contract.require`)."""
     values = dict(model_config)
     entry = registration(values.get("name", "transformer"))
     values["vocab_size"] = vocab_size

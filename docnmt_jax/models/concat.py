@@ -45,13 +45,20 @@ from docnmt_jax.decoding.search import SearchConfig, search_rows, source_length_
 from docnmt_jax.models.base import (
     BaseModel,
     BatchLayout,
+    Metrics,
     ModelError,
     captured_attention,
     register,
     require_grid,
+    scored_tokens,
     sentence_pair_attention,
 )
-from docnmt_jax.models.transformer import Transformer, TransformerConfig, packed_rows
+from docnmt_jax.models.transformer import (
+    Transformer,
+    TransformerConfig,
+    packed_rows,
+    transformer_terms,
+)
 
 Array = jax.Array
 
@@ -189,7 +196,15 @@ def chunk_output_limits(src_mask: Array, search: SearchConfig, cap: int) -> tupl
     return max_len, jnp.clip(total, 1, max_len).astype(jnp.int32)
 
 
-@register("doc2doc", config=Doc2DocConfig, flops=flops.doc2doc_terms)
+def doc2doc_terms(config: Doc2DocConfig, shape: flops.BatchShape) -> flops.Terms:
+    """Forward FLOPs of Doc2Doc: the sentence Transformer on ``B`` rows of ``S·Ts`` source
+    and ``S·Tt`` target tokens (each chunk packed into one sequence), so its attention terms
+    grow with ``(S·T)²``."""
+    B, S = shape.chunks, shape.sentences
+    return transformer_terms(config, flops.BatchShape(B, 1, S * shape.src_len, S * shape.tgt_len))
+
+
+@register("doc2doc", config=Doc2DocConfig, flops=doc2doc_terms)
 class Doc2DocModel(BaseModel):
     """The sentence Transformer over packed chunks (Zheng et al. 2020, Table 3, Doc2Doc)."""
 
@@ -252,6 +267,23 @@ class Doc2DocModel(BaseModel):
         packed_sentence, _ = pack_tokens(sentence, batch["tgt_mask"])  # [B, S*T]
         onehot = jax.nn.one_hot(packed_sentence, S, dtype=jnp.float32)
         return jnp.einsum("bl,bls->bs", token, onehot)
+
+    def token_scores(
+        self, params: Any, batch: dict[str, Array], rng: Array | None, train: bool
+    ) -> tuple[Array, Metrics]:
+        """The packed rows' token log-probabilities scattered back to their grid tokens
+        ``[B, S, T]`` (a sentence's separator or the chunk's final EOS at its EOS slot), and
+        the packed rows' token metrics."""
+        require_grid(batch, "token_scores")
+        logits, targets, mask = self.forward(params, batch, rng, train)
+        log_probs, metrics = scored_tokens(logits, targets, mask, self.label_smoothing)
+        grid_mask = batch["tgt_mask"]
+        B, S, T = grid_mask.shape
+        index = jnp.broadcast_to(jnp.arange(S * T, dtype=jnp.int32).reshape(1, S, T), (B, S, T))
+        where, packed_mask = pack_tokens(index, grid_mask)
+        grid = jnp.zeros((B, S * T), log_probs.dtype)
+        grid = grid.at[jnp.arange(B)[:, None], where].add(log_probs * packed_mask)
+        return grid.reshape(B, S, T), metrics
 
     def sentence_attention(self, params: Any, batch: dict[str, Array]) -> Array:
         """Sentence-to-sentence attention ``[B, S, S]`` (Zheng et al. 2020, Fig. 4) of the

@@ -424,7 +424,26 @@ def window_sentence_attention(
     return per_row.reshape(B, S, S, S).sum(axis=1)
 
 
-@register("doct", config=DocTConfig, flops=flops.doct_terms)
+def doct_terms(config: DocTConfig, shape: flops.BatchShape) -> flops.Terms:
+    """Forward FLOPs of DocT: the sentence Transformer plus, per sentence row, ``N_c`` context
+    encoder layers on its ``Lc = k·Ts`` context slots and the context attention
+    (:func:`~docnmt_jax.flops.context_attention`) of every encoder and decoder layer."""
+    D, F, N = config.d_model, config.ffn_dim, shape.rows
+    Ts, Tt = shape.src_len, shape.tgt_len
+    Lc, gating = config.context_sentences * Ts, config.context_gating
+    total = transformer.transformer_terms(config, shape)
+    context = flops.encoder_layer(N, Lc, D, F)
+    flops.add_terms(total, "context", context, config.num_context_layers)
+    if config.context_in_encoder:
+        terms = flops.context_attention(N, Ts, Lc, D, gating)
+        flops.add_terms(total, "encoder", terms, config.num_encoder_layers)
+    if config.context_in_decoder:
+        terms = flops.context_attention(N, Tt, Lc, D, gating)
+        flops.add_terms(total, "decoder", terms, config.num_decoder_layers)
+    return total
+
+
+@register("doct", config=DocTConfig, flops=doct_terms)
 class DocTModel(BaseModel):
     """DocT behind the model interface: chunks in, every sentence translated with its
     ``k`` preceding source sentences, all sentences of a chunk at once."""

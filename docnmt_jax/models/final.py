@@ -51,7 +51,6 @@ projection biases) in :mod:`.final_layers`; and one of the model:
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, ClassVar
 
 import flax.linen as nn
@@ -74,84 +73,23 @@ from docnmt_jax.models import layers
 from docnmt_jax.models.base import BaseModel, BatchLayout, ModelError, register, require_grid
 from docnmt_jax.models.final_layers import (
     SEGMENT_FEATURES,
+    FinalConfig,
     FinalSearchSteps,
     GlobalContextLayer,
     LocalEncoderLayer,
     Segments,
     SentenceDecoderLayer,
+    global_layer_terms,
     transformer_rules,
 )
-from docnmt_jax.models.transformer import TransformerConfig
 from docnmt_jax.models.xl import (
     MemoryKV,
     XLDecoderLayer,
     packed_decoder_attention,
+    xl_decoder_terms,
 )
 
 Array = jax.Array
-#: Readings of the Doc2Sent rows' cross-attention (:attr:`FinalConfig.doc2sent_cross_attention`).
-DOC2SENT_CROSS_ATTENTION = ("own_slice", "chunk")
-
-
-@dataclasses.dataclass(frozen=True)
-class FinalConfig(TransformerConfig):
-    """Transformer hyper-parameters plus the switches of Zheng et al.'s Table 3.
-
-    ``doc2sent``: the lower encoder layers attend over the whole chunk (a document as one
-    sequence) instead of each sentence alone. ``reset_word_positions``: source positions restart
-    in every sentence (else they continue across the chunk). ``segment_embedding``: add
-    ``E^s_k``. ``segment_relative_attention``: the top encoder layer is the global layer
-    (else all ``N`` layers are plain). ``context_fusion_gate``: gated fusion (else residual).
-    ``xl_decoder``: Transformer-XL decoder (else the sentence decoder with absolute positions).
-    ``doc2sent_cross_attention`` (with ``doc2sent`` only): ``"own_slice"``, every target
-    sentence cross-attends over its own sentence's slice ``h_k`` of the chunk's encoding
-    (Table 3's Doc2Sent, module docstring); ``"chunk"``, over the encoding of the whole chunk
-    (its padding masked; a named variant). Without ``doc2sent`` the decoder reads ``h_k``
-    (Sec. 4.2).
-
-    Packed rows (training): ``packed_block`` is the block width ``W`` of banded attention,
-    ``packed_drift`` the most the source and target offsets of a sentence may differ in a row
-    (the data's placement rule), ``max_sentence_len`` ``M`` the longest sentence with EOS on
-    either side; the attention windows are sized from them (module docstring).
-    """
-
-    reset_word_positions: bool = True
-    segment_embedding: bool = True
-    segment_relative_attention: bool = True
-    context_fusion_gate: bool = True
-    xl_decoder: bool = True
-    doc2sent: bool = False
-    doc2sent_cross_attention: str = "own_slice"  # DOC2SENT_CROSS_ATTENTION
-    max_relative_distance: int = 20
-    max_segments: int = 20
-    packed_block: int = 64  # Bible, TED size, CPU: 64 beat 16/32/128/256 (docs/log)
-    packed_drift: int = 16
-    max_sentence_len: int = 128
-
-    def __post_init__(self) -> None:
-        if self.doc2sent_cross_attention not in DOC2SENT_CROSS_ATTENTION:
-            raise ValueError(
-                f"doc2sent_cross_attention must be one of {DOC2SENT_CROSS_ATTENTION}: "
-                f"{self.doc2sent_cross_attention!r}"
-            )
-        if self.max_relative_distance < 0:
-            raise ValueError(f"max_relative_distance must be >= 0: {self.max_relative_distance}")
-        if self.max_segments < 1:
-            raise ValueError(f"max_segments must be >= 1: {self.max_segments}")
-        if self.num_encoder_layers < 1:
-            raise ValueError(f"num_encoder_layers must be >= 1: {self.num_encoder_layers}")
-        if self.packed_block < 1:
-            raise ValueError(f"packed_block must be >= 1: {self.packed_block}")
-        if self.packed_drift < 0:
-            raise ValueError(f"packed_drift must be >= 0: {self.packed_drift}")
-        if self.max_sentence_len < 1:
-            raise ValueError(f"max_sentence_len must be >= 1: {self.max_sentence_len}")
-
-    @property
-    def cross_attends_chunk(self) -> bool:
-        """Every target sentence cross-attends over the whole chunk (``doc2sent`` rows with
-        ``doc2sent_cross_attention = "chunk"``); else over its own sentence."""
-        return self.doc2sent and self.doc2sent_cross_attention == "chunk"
 
 
 class Final(FinalSearchSteps):
@@ -391,7 +329,35 @@ class Final(FinalSearchSteps):
         return self.decode(encoded, src_mask, layers.shift_right(tgt, BOS_ID), tgt_mask)
 
 
-@register("final", config=FinalConfig, flops=flops.final_terms)
+def final_terms(config: FinalConfig, shape: flops.BatchShape) -> flops.Terms:
+    """Forward FLOPs of FINAL (any Table 3 switch setting) on ``shape``'s chunks: the local
+    encoder layers (``Le - 1``; ``Le`` without the global layer) on ``N`` rows of ``Ts``
+    tokens (doc2sent: ``B`` rows of ``S·Ts``), the global layer per chunk
+    (:func:`~docnmt_jax.models.final_layers.global_layer_terms`), the XL decoder layers with
+    the previous sentence as memory (``Tm = Tt``, :func:`~docnmt_jax.models.xl.xl_decoder_terms`)
+    or the sentence decoder's, the output softmax ``2·Tt·D·V`` per sentence row. With the
+    chunk-wide cross-attention of doc2sent each row attends over ``S·Ts`` keys
+    (``2·2·Tt·S·Ts·D``); its K, V projections stay ``2·2·Ts·D²`` per row."""
+    D, F, N = config.d_model, config.ffn_dim, shape.rows
+    B, S, Ts, Tt = shape.chunks, shape.sentences, shape.src_len, shape.tgt_len
+    total: flops.Terms = {}
+    local = config.num_encoder_layers - int(config.segment_relative_attention)
+    rows, T = (B, S * Ts) if config.doc2sent else (N, Ts)
+    flops.add_terms(total, "encoder", flops.encoder_layer(rows, T, D, F), local)
+    if config.segment_relative_attention:
+        flops.add_terms(total, "global", global_layer_terms(B, S, Ts, config))
+    if config.xl_decoder:
+        layer = xl_decoder_terms(N, Tt, Tt, Ts, D, F)
+    else:
+        layer = flops.decoder_layer(N, Tt, Ts, D, F)
+    if config.cross_attends_chunk:  # every sentence row attends over its chunk's S·Ts keys
+        layer["cross_attention"] = N * 2 * 2 * Tt * S * Ts * D
+    flops.add_terms(total, "decoder", layer, config.num_decoder_layers)
+    total["output"] = N * 2 * Tt * D * config.vocab_size
+    return total
+
+
+@register("final", config=FinalConfig, flops=final_terms)
 class FinalModel(BaseModel):
     """FINAL and the rows of Table 3 (switches of :class:`FinalConfig`) behind the model
     interface. With the XL decoder the layout is slot by slot (each sentence's memory is the

@@ -1,7 +1,8 @@
 """The layers of FINAL (Zheng et al. 2020, Sec. 4): segment-level relative attention, Eq. (1),
 the global context layer with the gated fusion, the local encoder layer, the decoder layer
 without XL memory, the search's per-slot steps (:class:`FinalSearchSteps`) and the Table 4
-transfer map (:func:`transformer_rules`); the model that assembles them is :mod:`.final`.
+transfer map (:func:`transformer_rules`), and the hyper-parameters they read
+(:class:`FinalConfig`, the switches of Table 3); the model that assembles them is :mod:`.final`.
 
 Packed rows (training; docs/design/packing_plan.md §1, §2.3-2.5): with
 ``segments`` the inputs are rows ``[B, L]`` that hold whole chunks one after another
@@ -55,15 +56,18 @@ Readings of the layers beyond the paper (the fourth, Doc2Sent, is in :mod:`.fina
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+import dataclasses
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from docnmt_jax import flops
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.models import layers, transformer
+from docnmt_jax.models.transformer import TransformerConfig
 from docnmt_jax.models.xl import (
     Cache,
     Memory,
@@ -72,10 +76,72 @@ from docnmt_jax.models.xl import (
     memory_from_states,
 )
 
-if TYPE_CHECKING:
-    from docnmt_jax.models.final import FinalConfig
-
 Array = jax.Array
+#: Readings of the Doc2Sent rows' cross-attention (:attr:`FinalConfig.doc2sent_cross_attention`).
+DOC2SENT_CROSS_ATTENTION = ("own_slice", "chunk")
+
+
+@dataclasses.dataclass(frozen=True)
+class FinalConfig(TransformerConfig):
+    """Transformer hyper-parameters plus the switches of Zheng et al.'s Table 3.
+
+    ``doc2sent``: the lower encoder layers attend over the whole chunk (a document as one
+    sequence) instead of each sentence alone. ``reset_word_positions``: source positions restart
+    in every sentence (else they continue across the chunk). ``segment_embedding``: add
+    ``E^s_k``. ``segment_relative_attention``: the top encoder layer is the global layer
+    (else all ``N`` layers are plain). ``context_fusion_gate``: gated fusion (else residual).
+    ``xl_decoder``: Transformer-XL decoder (else the sentence decoder with absolute positions).
+    ``doc2sent_cross_attention`` (with ``doc2sent`` only): ``"own_slice"``, every target
+    sentence cross-attends over its own sentence's slice ``h_k`` of the chunk's encoding
+    (Table 3's Doc2Sent, module docstring); ``"chunk"``, over the encoding of the whole chunk
+    (its padding masked; a named variant). Without ``doc2sent`` the decoder reads ``h_k``
+    (Sec. 4.2).
+
+    Packed rows (training): ``packed_block`` is the block width ``W`` of banded attention,
+    ``packed_drift`` the most the source and target offsets of a sentence may differ in a row
+    (the data's placement rule), ``max_sentence_len`` ``M`` the longest sentence with EOS on
+    either side; the attention windows are sized from them (module docstring).
+    """
+
+    reset_word_positions: bool = True
+    segment_embedding: bool = True
+    segment_relative_attention: bool = True
+    context_fusion_gate: bool = True
+    xl_decoder: bool = True
+    doc2sent: bool = False
+    doc2sent_cross_attention: str = "own_slice"  # DOC2SENT_CROSS_ATTENTION
+    max_relative_distance: int = 20
+    max_segments: int = 20
+    packed_block: int = 64  # Bible, TED size, CPU: 64 beat 16/32/128/256 (docs/log)
+    packed_drift: int = 16
+    max_sentence_len: int = 128
+
+    def __post_init__(self) -> None:
+        if self.doc2sent_cross_attention not in DOC2SENT_CROSS_ATTENTION:
+            raise ValueError(
+                f"doc2sent_cross_attention must be one of {DOC2SENT_CROSS_ATTENTION}: "
+                f"{self.doc2sent_cross_attention!r}"
+            )
+        if self.max_relative_distance < 0:
+            raise ValueError(f"max_relative_distance must be >= 0: {self.max_relative_distance}")
+        if self.max_segments < 1:
+            raise ValueError(f"max_segments must be >= 1: {self.max_segments}")
+        if self.num_encoder_layers < 1:
+            raise ValueError(f"num_encoder_layers must be >= 1: {self.num_encoder_layers}")
+        if self.packed_block < 1:
+            raise ValueError(f"packed_block must be >= 1: {self.packed_block}")
+        if self.packed_drift < 0:
+            raise ValueError(f"packed_drift must be >= 0: {self.packed_drift}")
+        if self.max_sentence_len < 1:
+            raise ValueError(f"max_sentence_len must be >= 1: {self.max_sentence_len}")
+
+    @property
+    def cross_attends_chunk(self) -> bool:
+        """Every target sentence cross-attends over the whole chunk (``doc2sent`` rows with
+        ``doc2sent_cross_attention = "chunk"``); else over its own sentence."""
+        return self.doc2sent and self.doc2sent_cross_attention == "chunk"
+
+
 #: Packed rows (:data:`~docnmt_jax.data.schema.PACKED_FEATURES`): ``{side}_{name}`` ``[B, L]``
 #: for ``side`` in src/tgt and ``name`` in :data:`SEGMENT_FEATURES`.
 Segments = dict[str, Array]
@@ -287,6 +353,32 @@ class SentenceDecoderLayer(transformer.DecoderLayer):
         self_mask = (jnp.arange(cache["key"].shape[2]) <= index)[None, None, None, :]
         cross_kv = (inputs["cross_key"], inputs["cross_value"])
         return self(y, self_mask, None, cross_mask, cache=cache, index=index, cross_kv=cross_kv)
+
+
+def global_layer_terms(chunks: int, S: int, Ts: int, config: FinalConfig) -> flops.Terms:
+    """Forward FLOPs of the global context layer over ``chunks`` of ``L = S·Ts`` tokens, with
+    ``R2 = 2·min(max_relative_distance, S-1) + 1`` sentence distances::
+
+      projections  4 · 2·L·D²
+      attention    2 · 2·L²·D
+      segment rel  2·L·R2·D               q·γ^K per distance
+                   + 2·L·R2·D             attention mass per distance · γ^V
+                   + 2 · 2·L·S·R2·H       one-hot spread of q·γ^K to sentence pairs, and of
+                                          the mass back to distances
+      gate         2·L·(2D)·D             W_g [h^L; h^G] (with the fusion gate)
+      ffn          2 · 2·L·D·F
+    """
+    D, F, H = config.d_model, config.ffn_dim, config.num_heads
+    L, R2 = S * Ts, 2 * min(config.max_relative_distance, S - 1) + 1
+    terms = {
+        "projections": chunks * 4 * 2 * L * D * D,
+        "attention": chunks * 2 * 2 * L * L * D,
+        "segment_relative": chunks * (2 * 2 * L * R2 * D + 2 * 2 * L * S * R2 * H),
+        "ffn": chunks * 2 * 2 * L * D * F,
+    }
+    if config.context_fusion_gate:
+        terms["gate"] = chunks * 2 * L * 2 * D * D
+    return terms
 
 
 def transformer_rules(cfg: FinalConfig) -> list[tuple[str, str]]:

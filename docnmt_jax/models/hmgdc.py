@@ -416,7 +416,38 @@ def document_state_attention(weights: Array, src_mask: Array) -> Array:
     return sentence_pair_attention(weights, query, key, S)
 
 
-@register("hmgdc", config=HMGDCConfig, flops=flops.hmgdc_terms)
+def document_attention(documents: int, rows: int, Tq: int, S: int, D: int) -> flops.Terms:
+    """FLOPs of the attention of ``rows`` sentence rows (``Tq`` queries each) over their
+    document's ``S`` sentence states, keys and values projected once per document."""
+    return {
+        "document_projections": rows * 2 * 2 * Tq * D * D + documents * 2 * 2 * S * D * D,
+        "document_attention": rows * 2 * 2 * Tq * S * D,
+    }
+
+
+def hmgdc_terms(config: HMGDCConfig, shape: flops.BatchShape) -> flops.Terms:
+    """Forward FLOPs of HM-GDC: the sentence Transformer plus the summary self-attention (no
+    FFN) over every sentence row, ``N_d`` document-encoder layers on ``B`` rows of ``S``
+    sentence vectors, the context attention of the source words (Q, out ``2·2·Ts·D²`` and
+    attention ``2·2·Ts·S·D`` per row; K, V ``2·2·S·D²`` per document) and the same with
+    ``Tt`` queries in every decoder layer (DocEnc-Decoder)."""
+    D, F, N = config.d_model, config.ffn_dim, shape.rows
+    B, S, Ts, Tt = shape.chunks, shape.sentences, shape.src_len, shape.tgt_len
+    total = transformer.transformer_terms(config, shape)
+    summary = flops.encoder_layer(N, Ts, D, F)
+    del summary["ffn"]
+    flops.add_terms(total, "summary", summary)
+    document = flops.encoder_layer(B, S, D, F)
+    flops.add_terms(total, "document", document, config.num_document_layers)
+    if config.context_in_encoder:
+        flops.add_terms(total, "context", document_attention(B, N, Ts, S, D))
+    if config.context_in_decoder:
+        terms = document_attention(B, N, Tt, S, D)
+        flops.add_terms(total, "decoder", terms, config.num_decoder_layers)
+    return total
+
+
+@register("hmgdc", config=HMGDCConfig, flops=hmgdc_terms)
 class HMGDCModel(BaseModel):
     """HM-GDC behind the model interface: whole documents in (or chunks, with the chunk
     scope), every sentence translated with the global context of its document, all

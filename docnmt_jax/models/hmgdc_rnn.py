@@ -64,7 +64,12 @@ from docnmt_jax.models.base import (
 )
 from docnmt_jax.models.hmgdc import document_state_attention
 from docnmt_jax.models.rnn_layers import BiGRU
-from docnmt_jax.models.rnnsearch import SOURCE_PARAMETERS, RNNSearch, RNNSearchConfig
+from docnmt_jax.models.rnnsearch import (
+    SOURCE_PARAMETERS,
+    RNNSearch,
+    RNNSearchConfig,
+    rnnsearch_terms,
+)
 
 Array = jax.Array
 Weights = dict[str, Any]
@@ -160,7 +165,37 @@ class RNNSearchHMGDC(RNNSearch):
         return logits.reshape(B, S, T, -1)
 
 
-@register("rnnsearch_hmgdc", config=RNNSearchHMGDCConfig, flops=flops.rnnsearch_hmgdc_terms)
+def rnnsearch_hmgdc_terms(config: RNNSearchHMGDCConfig, shape: flops.BatchShape) -> flops.Terms:
+    """Forward FLOPs of RNNSearch with HM-GDC in the encoder (Tan et al. 2019): RNNSearch
+    (:func:`~docnmt_jax.models.rnnsearch.rnnsearch_terms`) plus, per chunk (``B`` chunks of
+    ``S`` sentences, ``L = S·Ts`` words)::
+
+      sentence attn    projections  N · 4 · 2·Ts·D²          Eq. 2: Q, K, V, output
+                       attention    N · 2 · 2·Ts²·D
+      document layer   as an encoder layer on B rows of S summaries (inputs D), Eq. 4
+      context attn     projections  B · (2 · 2·L·D² + 2 · 2·S·D²)  Q, out on words; K, V on H_S
+                       attention    B · 2 · 2·L·S·D          Eq. 5-6
+
+    Shared SentEnc/DocEnc cells cost their FLOPs in both uses.
+    """
+    D, B, S, Ts = config.d_model, shape.chunks, shape.sentences, shape.src_len
+    N, L = shape.rows, shape.sentences * shape.src_len
+    total = rnnsearch_terms(config, shape)
+    sentence = {
+        "projections": N * 4 * 2 * Ts * D * D,
+        "attention": N * 2 * 2 * Ts * Ts * D,
+    }
+    flops.add_terms(total, "sentence", sentence)
+    flops.add_terms(total, "document", flops.bi_gru(B, S, D, D), config.num_document_layers)
+    context = {
+        "projections": B * (2 * 2 * L * D * D + 2 * 2 * S * D * D),
+        "attention": B * 2 * 2 * L * S * D,
+    }
+    flops.add_terms(total, "context", context)
+    return total
+
+
+@register("rnnsearch_hmgdc", config=RNNSearchHMGDCConfig, flops=rnnsearch_hmgdc_terms)
 class RNNSearchHMGDCModel(BaseModel):
     """RNNSearch + HM-GDC: chunks in, every sentence translated with the chunk's global
     context, all sentences of a chunk at once. ``with_random_context``: the base class's

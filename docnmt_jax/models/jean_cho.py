@@ -167,7 +167,7 @@ def jean_cho_terms(config: JeanChoConfig, shape: flops.BatchShape) -> flops.Term
     ``2·Ts·2D·D`` and the FF ``2·2·Ts·D·F`` per row."""
     D, F, N, Ts = config.d_model, config.ffn_dim, shape.rows, shape.src_len
     Lc = config.context_sentences * Ts
-    total = flops.transformer_terms(config, shape)
+    total = transformer.transformer_terms(config, shape)
     for name, count in flops.encoder_layer(N, Lc, D, F).items():
         total[f"context.{name}"] = config.num_encoder_layers * count
     fusion = flops.context_attention(N, Ts, Lc, D, gating=False)

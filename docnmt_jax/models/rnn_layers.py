@@ -2,13 +2,15 @@
 shared by ``rnnsearch`` (:mod:`.rnnsearch`, whose docstring gives the equations) and
 ``rnnsearch_hmgdc`` (:mod:`.hmgdc_rnn`): ``U(-0.1, 0.1)`` initialisation, linear maps, the GRU
 cell and its masked scan (PyTorch's gates ``[r | z | n]``), the bidirectional encoder layer,
-additive ("mlp") attention, the attentional output and one input-feeding decoder step.
+additive ("mlp") attention, the attentional output and one input-feeding decoder step; and
+the hyper-parameters they read (:class:`RNNSearchConfig`, re-exported by :mod:`.rnnsearch`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -20,8 +22,27 @@ Array = jax.Array
 Cache = dict[str, Any]
 Weights = dict[str, Any]
 
-if TYPE_CHECKING:
-    from docnmt_jax.models.rnnsearch import RNNSearchConfig
+
+@dataclasses.dataclass(frozen=True)
+class RNNSearchConfig:
+    """RNNSearch hyper-parameters (defaults: Tan et al. 2019, Sec. 3.1: 2 layers, 500 units).
+    ``d_model`` is the hidden size: decoder GRUs, attention, encoder output (each encoder
+    direction ``d_model / 2``)."""
+
+    vocab_size: int = 8000
+    embed_dim: int = 500
+    d_model: int = 500
+    num_layers: int = 2
+    dropout_rate: float = 0.1
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    deterministic: bool = False
+
+    def __post_init__(self) -> None:
+        if self.d_model % 2:
+            raise ValueError(f"d_model must be even (two encoder directions): {self.d_model}")
+        if self.num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1: {self.num_layers}")
 
 
 def uniform_init(scale: float) -> layers.Initializer:

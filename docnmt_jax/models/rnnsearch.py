@@ -47,7 +47,6 @@ The shared recurrent blocks (GRU, bi-GRU, additive attention, the decoder step) 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,6 +76,7 @@ from docnmt_jax.models.rnn_layers import (
     GRUCell,
     Linear,
     MLPAttention,
+    RNNSearchConfig,
     decoder_step,
 )
 from docnmt_jax.models.transformer import sentence_rows
@@ -86,28 +86,6 @@ Weights = dict[str, Any]
 
 #: The source side (``init_from_rules = "source"``): source embedding and sentence encoder.
 SOURCE_PARAMETERS = r"source_embed/.*|encoder_layers_\d+/.*"
-
-
-@dataclasses.dataclass(frozen=True)
-class RNNSearchConfig:
-    """RNNSearch hyper-parameters (defaults: Tan et al. 2019, Sec. 3.1: 2 layers, 500 units).
-    ``d_model`` is the hidden size: decoder GRUs, attention, encoder output (each encoder
-    direction ``d_model / 2``)."""
-
-    vocab_size: int = 8000
-    embed_dim: int = 500
-    d_model: int = 500
-    num_layers: int = 2
-    dropout_rate: float = 0.1
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
-    deterministic: bool = False
-
-    def __post_init__(self) -> None:
-        if self.d_model % 2:
-            raise ValueError(f"d_model must be even (two encoder directions): {self.d_model}")
-        if self.num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1: {self.num_layers}")
 
 
 class RNNSearch(nn.Module):
@@ -253,7 +231,44 @@ class RNNSearch(nn.Module):
         return logits, {"index": cache["index"] + 1, "hidden": hidden, "feed": out}
 
 
-@register("rnnsearch", config=RNNSearchConfig, flops=flops.rnnsearch_terms)
+def rnnsearch_terms(config: RNNSearchConfig, shape: flops.BatchShape) -> flops.Terms:
+    """Forward FLOPs of RNNSearch, per sentence row (``N`` rows), ``E`` embedding, ``D``
+    hidden, ``L`` layers::
+
+      encoder layer l  input        2 · 2·Ts·in_l·3(D/2)    in_0 = E, else D; 2 directions
+                       recurrent    2 · 2·Ts·(D/2)·3(D/2)
+      decoder layer l  input        2·Tt·in_l·3D            in_0 = E + D (input feeding)
+                       recurrent    2·Tt·D·3D
+      attention        memory       2·Ts·D²                 W_m h, once per source
+                       query        2·Tt·D²                 W_q s_t
+                       scores       2·Tt·Ts·D               v · tanh(...)
+                       context      2·Tt·Ts·D               weights · h
+                       output       2·Tt·2D·D               W_c [c_t; s_t]
+      output softmax   2·Tt·D·V                             (untied)
+    """
+    E, D, N, V = config.embed_dim, config.d_model, shape.rows, config.vocab_size
+    Ts, Tt = shape.src_len, shape.tgt_len
+    total: flops.Terms = {}
+    for layer in range(config.num_layers):
+        flops.add_terms(total, "encoder", flops.bi_gru(N, Ts, E if layer == 0 else D, D))
+        decoder = {
+            "input": N * 2 * Tt * (E + D if layer == 0 else D) * 3 * D,
+            "recurrent": N * 2 * Tt * D * 3 * D,
+        }
+        flops.add_terms(total, "decoder", decoder)
+    attention = {
+        "memory": N * 2 * Ts * D * D,
+        "query": N * 2 * Tt * D * D,
+        "scores": N * 2 * Tt * Ts * D,
+        "context": N * 2 * Tt * Ts * D,
+        "output": N * 2 * Tt * 2 * D * D,
+    }
+    flops.add_terms(total, "attention", attention)
+    total["output"] = N * 2 * Tt * D * V
+    return total
+
+
+@register("rnnsearch", config=RNNSearchConfig, flops=rnnsearch_terms)
 class RNNSearchModel(BaseModel):
     """RNNSearch: every sentence translated on its own (one sentence per batch row)."""
 

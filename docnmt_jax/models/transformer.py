@@ -355,7 +355,22 @@ def packed_rows(batch: dict[str, Array], unit: str) -> dict[str, Array]:
     return rows
 
 
-@register("transformer", config=TransformerConfig, flops=flops.transformer_terms)
+def transformer_terms(config: TransformerConfig, shape: flops.BatchShape) -> flops.Terms:
+    """Forward FLOPs of the sentence Transformer on the ``N`` sentences of ``shape``: its
+    encoder and decoder layers (:func:`~docnmt_jax.flops.encoder_layer`,
+    :func:`~docnmt_jax.flops.decoder_layer`) and the tied output softmax ``2·Tt·D·V`` per
+    sentence row (notation of :mod:`docnmt_jax.flops`)."""
+    D, F, N = config.d_model, config.ffn_dim, shape.rows
+    Ts, Tt = shape.src_len, shape.tgt_len
+    total: flops.Terms = {}
+    flops.add_terms(total, "encoder", flops.encoder_layer(N, Ts, D, F), config.num_encoder_layers)
+    layer = flops.decoder_layer(N, Tt, Ts, D, F)
+    flops.add_terms(total, "decoder", layer, config.num_decoder_layers)
+    total["output"] = N * 2 * Tt * D * config.vocab_size
+    return total
+
+
+@register("transformer", config=TransformerConfig, flops=transformer_terms)
 class TransformerModel(BaseModel):
     """SENTNMT: every sentence translated on its own (one sentence per batch row)."""
 

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from docnmt_jax import flops
 from docnmt_jax.models import layers
 from docnmt_jax.models.transformer import TransformerConfig
 
@@ -409,3 +410,18 @@ def memory_from_states(states: list[Array], mask: Array) -> Memory:
     memory: Memory = {"mask": mask.astype(jnp.int32)}
     memory.update({f"layer_{i}": jax.lax.stop_gradient(s) for i, s in enumerate(states)})
     return memory
+
+
+def xl_decoder_terms(rows: int, Tt: int, Tm: int, Ts: int, D: int, F: int) -> flops.Terms:
+    """Forward FLOPs of an XL decoder layer with a memory of ``Tm`` tokens, per sentence row:
+    memory K, V ``2·2·Tm·D²``; self projections ``4·2·Tt·D²``; self attention
+    ``3·2·Tt·(Tt+Tm)·D`` ((q+u)·K^T, (q+v)·(W_R R)^T, weights·V); the position projection
+    ``2·(Tt+Tm)·D²`` (W_R R, once per layer, not per row); cross-attention and FFN as the
+    sentence decoder's (:func:`~docnmt_jax.flops.cross_attention`)."""
+    terms = {
+        "memory_kv": rows * 2 * 2 * Tm * D * D,
+        "self_projections": rows * 4 * 2 * Tt * D * D,
+        "self_attention": rows * 3 * 2 * Tt * (Tt + Tm) * D,
+        "position": 2 * (Tt + Tm) * D * D,
+    }
+    return terms | flops.cross_attention(rows, Tt, Ts, D, F)

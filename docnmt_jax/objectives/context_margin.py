@@ -5,7 +5,9 @@ token losses + R(theta; D)) / real target tokens`` (Eq. 1 + Eq. 3), ``D`` the ba
 ``objective.loss`` call (one micro-batch / one device shard under accumulation or sharding).
 
 Scores (Sec. 4.1), from teacher-forced log-probabilities of the gold tokens:
-``s_tok = log p(y*_t | y_<t, X, C)``, ``s_sent = sum_t s_tok``, ``s_data = sum_Y s_sent``.
+``s_tok = log p(y*_t | y_<t, X, C)``, ``s_sent = sum_t s_tok``, ``s_data = sum_Y s_sent``;
+``s_tok`` on the batch grid is the model's ``token_scores`` (the scoring capability of
+:mod:`docnmt_jax.models.contract`), whatever rows the model computes it in.
 
 Context-less scores (Sec. 4.3, Eq. 2): ``M = samples`` random contexts per sentence, each an
 in-batch reassignment (Sec. 5, ``M = 1``) by :func:`derangement`. Readings:
@@ -43,9 +45,9 @@ in-batch reassignment (Sec. 5, ``M = 1``) by :func:`derangement`. Readings:
 * Evaluation (``rng`` None): the random contexts of ``seed``, no dropout. Training: the true
   forward pass uses the step's ``rng`` (so ``ml_loss`` equals ``model.loss`` with that rng);
   sample ``m`` folds ``m + 1`` into it for its reassignment and its dropout.
-* One true-context forward gives both the label-smoothed loss (as ``BaseModel.loss``) and the
-  true scores; metrics a model adds in an overridden ``loss`` (HM-GDC's ``split_documents``)
-  are not reported.
+* One true-context forward (``token_scores``) gives both the label-smoothed loss (as
+  ``BaseModel.loss``) and the true scores; metrics a model adds in an overridden ``loss``
+  (HM-GDC's ``split_documents``) are not reported.
 
 Metrics (beyond ``loss``/``nll``/``ppl``/``tokens``): ``ml_loss`` (label-smoothed part),
 ``margin_reg`` (``R`` per token), ``hinge_{tok,sent,data}`` (hinge values before ``alpha``,
@@ -63,10 +65,9 @@ import jax
 import jax.numpy as jnp
 
 from docnmt_jax.data.schema import dummy_batch
-from docnmt_jax.models.base import Metric, Metrics, Model, ModelError
-from docnmt_jax.models.concat import pack_tokens
+from docnmt_jax.errors import ModelError
+from docnmt_jax.models.contract import Metric, Metrics, RandomContext, Scoring, require
 from docnmt_jax.objectives.base import Objective, ObjectiveError, register_objective
-from docnmt_jax.training import losses
 
 Array = jax.Array
 PyTree = Any
@@ -161,10 +162,12 @@ def deranged_batch(batch: dict[str, Array], rng: Array) -> tuple[dict[str, Array
     return out, valid[:, K:]
 
 
-def check_random_context(model: Model, objective: str) -> None:
+def check_random_context(model: Any, objective: str) -> None:
     """Raises :class:`ObjectiveError` when ``model`` has no context to replace (a sentence
-    model): what an objective that reassigns contexts checks."""
+    model, or one without the random-context capability): what an objective that reassigns
+    contexts checks."""
     try:
+        require(model, RandomContext, f"be trained with objective {objective!r}")
         jax.eval_shape(
             model.with_random_context, dummy_batch(sentences=2, rows=2), jax.random.PRNGKey(0)
         )
@@ -182,29 +185,6 @@ def require_grid_batch(batch: dict[str, Array], objective: str) -> None:
 
 
 # ----------------------------------------------------------------------------- regulariser
-
-
-def grid_token_scores(
-    logits: Array, targets: Array, mask: Array, grid_mask: Array, smoothing: float
-) -> tuple[Array, Array]:
-    """(``log p(y*_t) [B, S, T]`` on the batch grid, 0 on padding; per-token smoothed losses
-    of the forward rows). Rows of one sentence (``[B*S, T]``) are reshaped; packed chunks
-    (``[B, S*T]``, doc2doc) are scattered back to their grid tokens."""
-    loss_tok, nll_tok = losses.token_losses(logits, targets, smoothing)
-    logp = -nll_tok * mask
-    B, S, T = grid_mask.shape
-    if logp.shape == (B * S, T):
-        return logp.reshape(B, S, T), loss_tok
-    if logp.shape == (B, S * T):
-        index = jnp.broadcast_to(jnp.arange(S * T, dtype=jnp.int32).reshape(1, S, T), (B, S, T))
-        where, packed_mask = pack_tokens(index, grid_mask)
-        grid = jnp.zeros((B, S * T), logp.dtype)
-        grid = grid.at[jnp.arange(B)[:, None], where].add(logp * packed_mask)
-        return grid.reshape(B, S, T), loss_tok
-    raise ObjectiveError(
-        f"context_margin: the model's forward rows {logp.shape} are neither one sentence per "
-        f"row {(B * S, T)} nor one packed chunk per row {(B, S * T)}"
-    )
 
 
 def log_mean_exp(x: Array) -> Array:
@@ -261,7 +241,8 @@ class ContextMargin(Objective):
     #: Random contexts are reassigned on the ``[B, S, T]`` grid: the trainer builds it.
     needs_grid = True
 
-    def check(self, model: Model) -> None:
+    def check(self, model: Any) -> None:
+        require(model, Scoring, "be trained with objective 'context_margin'")
         o = self.options
         if o.samples < 1:
             raise ObjectiveError(f"config.objective.samples = {o.samples}: must be >= 1")
@@ -275,14 +256,11 @@ class ContextMargin(Objective):
     ) -> tuple[Array, Metrics]:
         require_grid_batch(batch, "context_margin")
         o, model = self.options, self.model
-        smoothing = model.label_smoothing
         key = rng if rng is not None else jax.random.PRNGKey(o.seed)
         grid_mask = batch["tgt_mask"]
-        logits, targets, mask = model.forward(params, batch, rng, train)
-        true_tok, loss_tok = grid_token_scores(logits, targets, mask, grid_mask, smoothing)
-        weights = mask.astype(jnp.float32)
-        tokens = jnp.sum(weights)
-        loss_sum = jnp.sum(loss_tok * weights)
+        true_tok, token_metrics = model.token_scores(params, batch, rng, train)
+        tokens = token_metrics["tokens"].total
+        loss_sum = token_metrics["loss"].total
         nll_sum = -jnp.sum(true_tok)
 
         B, S = grid_mask.shape[:2]
@@ -291,8 +269,9 @@ class ContextMargin(Objective):
         for m in range(o.samples):
             shuffle_key, dropout_key = jax.random.split(jax.random.fold_in(key, m + 1))
             shuffled, valid = deranged_batch(batch, shuffle_key)
-            out = model.forward(params, shuffled, dropout_key if train else None, train)
-            rand_tok, _ = grid_token_scores(*out, shuffled["tgt_mask"], 0.0)
+            rand_tok, _ = model.token_scores(
+                params, shuffled, dropout_key if train else None, train
+            )
             if not o.random_context_gradient:
                 rand_tok = jax.lax.stop_gradient(rand_tok)
             origin = shuffled["origin_row"]  # back to the true positions (a permutation)

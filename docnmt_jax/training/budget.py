@@ -55,6 +55,7 @@ def tokens_per_step(config: ml_collections.ConfigDict, tokenizer: Any) -> tuple[
     batch plan (its packing or grid, its padding excluded), and the epoch's target tokens."""
     from docnmt_jax.data import pipeline as pipeline_lib
     from docnmt_jax.models import build_model
+    from docnmt_jax.models.contract import packing_of
     from docnmt_jax.objectives import build_objective
     from docnmt_jax.training import data_setup
 
@@ -66,7 +67,7 @@ def tokens_per_step(config: ml_collections.ConfigDict, tokenizer: Any) -> tuple[
         config.train.seed,
         True,
         model.layout.sentence_level,
-        packing=model.packing() if packed else None,
+        packing=packing_of(model) if packed else None,
         context_sentences=model.context_sentences,
         whole_documents=model.whole_documents,
     )

@@ -48,6 +48,7 @@ from etils import epath
 
 from docnmt_jax.files import atomic_open
 from docnmt_jax.models.base import ModelError
+from docnmt_jax.models.contract import PretrainMapping, require
 from docnmt_jax.training import checkpoints
 from docnmt_jax.training.optim import parameter_path
 
@@ -139,6 +140,8 @@ def resolve_rules(
         if isinstance(entry, Rule):
             rules.append(entry)
             continue
+        if entry == "source" or not same:
+            require(model, PretrainMapping, f"fill the init_from_rules preset {entry!r}")
         if entry == "source":
             scope = model.source_parameters
             rules.append(

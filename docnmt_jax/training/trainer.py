@@ -50,7 +50,7 @@ from docnmt_jax.data.tokenized import check_on_long
 from docnmt_jax.errors import ConfigError
 from docnmt_jax.files import write_atomic
 from docnmt_jax.models import Metric, build_model
-from docnmt_jax.models.base import reduce_metrics
+from docnmt_jax.models.contract import packing_of, reduce_metrics
 from docnmt_jax.objectives import Objective, build_objective
 from docnmt_jax.training import data_setup, supervision
 from docnmt_jax.training import state as train_state
@@ -166,7 +166,7 @@ def train_and_evaluate(
     custom_hooks = bool(eval_hooks) or (dev_hook is not None and not tcfg.get("dev_bleu", False))
     check_best_metric(tcfg, objective, custom_hooks)
     packed = config.data.get("packed", True) and not objective.needs_grid
-    packing = model.packing() if packed else None
+    packing = packing_of(model) if packed else None
     encode = tokenizer.encode_batch
     shards = layout.batch_shards
     train_plan = data_setup.plan_batches(config, model, shards, packing, encode, train_docs, True)

@@ -4,6 +4,9 @@ The smoothed target puts ``1 - eps`` on the gold token and ``eps / (V - 1)`` on 
 token. The reported training loss is the KL divergence to that target (cross-entropy minus
 the target's own entropy), so a perfect model scores 0; :func:`token_losses` also returns the
 plain negative log-likelihood of the gold token, the quantity behind perplexity.
+
+It lives with the models, which own their loss (:meth:`~docnmt_jax.models.base.BaseModel.loss`);
+objectives build on it from the layer above.
 """
 
 from __future__ import annotations
