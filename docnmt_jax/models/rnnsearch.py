@@ -228,7 +228,11 @@ class RNNSearch(nn.Module):
             extra["src_mask"],
         )
         logits = self.output(out).astype(jnp.float32)
-        return logits, {"index": cache["index"] + 1, "hidden": hidden, "feed": out}
+        return logits, {  # the cache keeps its dtypes (a search's loop carry must)
+            "index": cache["index"] + 1,
+            "hidden": hidden.astype(cache["hidden"].dtype),
+            "feed": out.astype(cache["feed"].dtype),
+        }
 
 
 def rnnsearch_terms(config: RNNSearchConfig, shape: flops.BatchShape) -> flops.Terms:
