@@ -12,7 +12,7 @@ import pytest
 from conftest import tiny_config
 
 from docnmt_jax.data import readers
-from docnmt_jax.data.tokenized import PipelineConfig
+from docnmt_jax.data.spec import PipelineConfig
 from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from docnmt_jax.decoding import beam_search as bs
 from docnmt_jax.decoding.search import SearchConfig

@@ -35,20 +35,16 @@ import math
 
 import numpy as np
 
-from docnmt_jax.data.batch_plan import EpochPlan, check_corpus_config
+from docnmt_jax.data.epochs import EpochPlan, check_corpus_config
 from docnmt_jax.data.packed_plan import (
     PLACEMENT_COLUMNS,
     PackedPlan,
     PackingError,
-    _exclusive_cumsum,
-    _first_fit_decreasing,
+    exclusive_cumsum,
+    first_fit_decreasing,
 )
-from docnmt_jax.data.tokenized import (
-    PipelineConfig,
-    TokenizedCorpus,
-    corpus_stats,
-    make_chunks,
-)
+from docnmt_jax.data.spec import PipelineConfig
+from docnmt_jax.data.tokenized import TokenizedCorpus, corpus_stats, make_chunks
 
 
 def _group_chunks(
@@ -135,7 +131,7 @@ class GroupedPackedPlan(PackedPlan):
                     sentences = np.concatenate(
                         [np.arange(c["start"][k], c["start"][k] + c["count"][k]) for k in chunks]
                     )
-                    rows = _first_fit_decreasing(
+                    rows = first_fit_decreasing(
                         src_len, tgt_len, sentences, L, self.packing.max_row_sentences
                     )
                     if len(rows) <= self._class_b[size]:
@@ -180,9 +176,9 @@ class GroupedPackedPlan(PackedPlan):
             "sentence_index": slot[sentence],
         }
         for side, n in (("src", src_len), ("tgt", tgt_len)):
-            before_in_row = _exclusive_cumsum(n[sentence])
+            before_in_row = exclusive_cumsum(n[sentence])
             table[f"{side}_offset"] = before_in_row - before_in_row[self.row_ptr[row_of]]
-            before = _exclusive_cumsum(n)
+            before = exclusive_cumsum(n)
             in_chunk = before - before[c["start"]][item_of] if n_sent else before
             table[f"{side}_chunk_offset"] = in_chunk[sentence]
         self.placement = np.stack([table[k] for k in PLACEMENT_COLUMNS], axis=1)
@@ -209,7 +205,7 @@ class GroupedPackedPlan(PackedPlan):
         order = np.arange(len(self.groups))
         if self.config.shuffle:
             order = np.random.default_rng((self.config.seed, e)).permutation(order)
-        first_row = _exclusive_cumsum(self._group_rows)
+        first_row = exclusive_cumsum(self._group_rows)
         parts = []
         for g in order.tolist():
             b, n = int(self._class_b[self._group_size[g]]), int(self._group_rows[g])

@@ -16,9 +16,10 @@ on both sides; a row keeps its items in id order. Epoch ``e`` draws from
 ``np.random.default_rng((seed, e))``: it shuffles the rows of each length, cuts them into
 batches of ``B_i`` rows (the last batch of a length filled with empty rows, -1), and shuffles
 the batch order. Nothing is dropped or promoted, the batches per epoch are constant, and resume
-is ``divmod(step, batches_per_epoch)`` as in :class:`BatchPlan`. Batches are
-:class:`EpochPlan`\\ s whose ids are packed row ids, with ``s = 0`` and ``t = L``;
-:meth:`PackedPlan.materialize` scatters a CSR placement table into the packed features.
+is ``divmod(step, batches_per_epoch)`` as in :class:`~docnmt_jax.data.batch_plan.BatchPlan`.
+Batches are :class:`~docnmt_jax.data.epochs.EpochPlan`\\ s whose ids are packed row ids, with
+``s = 0`` and ``t = L``; :meth:`PackedPlan.materialize` scatters a CSR placement table into the
+packed features.
 """
 
 from __future__ import annotations
@@ -29,20 +30,9 @@ import math
 import numpy as np
 
 from docnmt_jax.data import schema
-from docnmt_jax.data.batch_plan import (
-    Batch,
-    EpochIteration,
-    EpochPlan,
-    _segments,
-    check_corpus_config,
-)
-from docnmt_jax.data.tokenized import (
-    PackingConfig,
-    PipelineConfig,
-    TokenizedCorpus,
-    corpus_stats,
-    make_chunks,
-)
+from docnmt_jax.data.epochs import Batch, EpochIteration, EpochPlan, check_corpus_config, segments
+from docnmt_jax.data.spec import PackingConfig, PipelineConfig
+from docnmt_jax.data.tokenized import TokenizedCorpus, corpus_stats, make_chunks
 from docnmt_jax.errors import UserError
 
 # Per placed sentence columns of the placement table (rows of PackedPlan.placement).
@@ -63,11 +53,11 @@ class PackingError(UserError, ValueError):
     traceback)."""
 
 
-def _exclusive_cumsum(x: np.ndarray) -> np.ndarray:
+def exclusive_cumsum(x: np.ndarray) -> np.ndarray:
     return np.cumsum(x) - x
 
 
-def _first_fit_decreasing(
+def first_fit_decreasing(
     need_src: np.ndarray,
     need_tgt: np.ndarray,
     items: np.ndarray,
@@ -107,10 +97,11 @@ def _first_fit_decreasing(
 
 class PackedPlan(EpochIteration):
     """Deterministic global plan of packed batches over epochs; step ``n`` = the ``n``-th
-    global batch. The same public surface as :class:`BatchPlan`, except that :attr:`shapes` and
-    :attr:`local_shapes` are ``(B, L)`` pairs and :meth:`materialize` returns
-    :data:`schema.PACKED_FEATURES`. ``pad_batch`` and ``sequential_sentences`` do not apply
-    (every epoch pads its last batch per length with empty rows).
+    global batch. The same public surface as :class:`~docnmt_jax.data.batch_plan.BatchPlan`,
+    except that :attr:`shapes` and :attr:`local_shapes` are ``(B, L)`` pairs and
+    :meth:`materialize` returns :data:`schema.PACKED_FEATURES`. ``pad_batch`` and
+    ``sequential_sentences`` do not apply (every epoch pads its last batch per length with
+    empty rows).
 
     Besides: ``chunk_table`` (the items, :func:`make_chunks`), ``item_rows[r]`` (item ids of
     packed row ``r``, ascending), ``num_rows``, ``row_lengths`` (``L_i``), ``row_len`` [rows],
@@ -139,7 +130,7 @@ class PackedPlan(EpochIteration):
         slot = np.arange(n_sent) - c["start"][item_of]
         chunk_offset = {}
         for side, n in lengths.items():
-            before = _exclusive_cumsum(n)
+            before = exclusive_cumsum(n)
             chunk_offset[side] = before - before[c["start"]][item_of] if n_sent else before
         # Offsets of each sentence relative to its item's start, and the item footprints.
         if drift is None:
@@ -178,13 +169,13 @@ class PackedPlan(EpochIteration):
         for i, L in enumerate(row_lengths.tolist()):
             items = np.flatnonzero(length_class == i)
             if items.size:
-                packed = _first_fit_decreasing(need["src"], need["tgt"], items, L)
+                packed = first_fit_decreasing(need["src"], need["tgt"], items, L)
                 rows.extend(packed)
                 class_rows[i] = len(packed)
         self.num_rows = len(rows)
         self.row_lengths = tuple(int(x) for x in row_lengths)
         self._class_rows = class_rows
-        self._class_first = _exclusive_cumsum(class_rows)
+        self._class_first = exclusive_cumsum(class_rows)
         self.row_len = np.repeat(row_lengths, class_rows)  # [rows]
         p = math.lcm(config.process_count, config.batch_multiple)
         budget = min(config.batch_src_tokens, config.batch_tgt_tokens)
@@ -195,14 +186,14 @@ class PackedPlan(EpochIteration):
         items_per_row = np.array([r.size for r in rows], np.int64)
         item_order = np.concatenate(rows) if rows else np.zeros(0, np.int64)
         item_row = np.repeat(np.arange(self.num_rows), items_per_row)
-        first_item = _exclusive_cumsum(items_per_row)
+        first_item = exclusive_cumsum(items_per_row)
         item_rank = np.arange(item_order.size) - first_item[item_row]  # 0-based in its row
         item_start = {}
         for side in lengths:
-            before = _exclusive_cumsum(need[side][item_order])
+            before = exclusive_cumsum(need[side][item_order])
             item_start[side] = before - before[first_item][item_row] if before.size else before
         counts = c["count"][item_order]
-        sentence = _segments(np.arange(n_sent), c["start"][item_order], counts)
+        sentence = segments(np.arange(n_sent), c["start"][item_order], counts)
         placed_item = np.repeat(np.arange(item_order.size), counts)  # index into item_order
         row_of_sentence = item_row[placed_item]
         sentences_per_row = np.bincount(row_of_sentence, minlength=self.num_rows)
@@ -261,7 +252,7 @@ class PackedPlan(EpochIteration):
         sizes = self._class_b[length_class]
         if cfg.shuffle:
             perm = rng.permutation(length_class.size)
-            ids = _segments(ids, _exclusive_cumsum(sizes)[perm], sizes[perm])
+            ids = segments(ids, exclusive_cumsum(sizes)[perm], sizes[perm])
             length_class, sizes = length_class[perm], sizes[perm]
         t = np.asarray(self.row_lengths, np.int32)[length_class]
         plan = EpochPlan(ids, sizes.astype(np.int32), np.zeros_like(t), t)
@@ -280,14 +271,14 @@ class PackedPlan(EpochIteration):
             raise ValueError(f"rows of length {self.row_len[ids[real]].max()} asked in {t} slots")
         first = np.where(real, self.row_ptr[np.maximum(ids, 0)], 0)
         count = np.where(real, self.row_ptr[np.maximum(ids, 0) + 1] - first, 0)
-        place = self.placement[_segments(np.arange(self.placement.shape[0]), first, count)]
+        place = self.placement[segments(np.arange(self.placement.shape[0]), first, count)]
         batch_row = np.repeat(np.arange(ids.size), count)
         cols = dict(zip(PLACEMENT_COLUMNS, place.T, strict=True))
         out: Batch = {}
         for side, tokenized in (("src", self.corpus.src), ("tgt", self.corpus.tgt)):
             n = tokenized.lengths[cols["sentence"]].astype(np.int64)
             which = np.repeat(np.arange(n.size), n)  # placed sentence of every token
-            i = np.arange(int(n.sum())) - _exclusive_cumsum(n)[which]
+            i = np.arange(int(n.sum())) - exclusive_cumsum(n)[which]
             flat = batch_row[which] * t + cols[f"{side}_offset"][which] + i
             values = {
                 side: tokenized.tokens[tokenized.offsets[cols["sentence"]][which] + i],

@@ -53,7 +53,7 @@ from docnmt_jax.errors import UserError
 from docnmt_jax.training import losses
 
 if TYPE_CHECKING:
-    from docnmt_jax.data.tokenized import PackingConfig, PipelineConfig
+    from docnmt_jax.data.spec import PackingConfig, PipelineConfig
 
 Array = jax.Array
 PyTree = Any

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 
 from docnmt_jax import flops
 from docnmt_jax.data.schema import is_packed
-from docnmt_jax.data.tokenized import PackingConfig, PipelineConfig
+from docnmt_jax.data.spec import PackingConfig, PipelineConfig
 from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from docnmt_jax.decoding.search import SearchConfig, search_rows, source_length_limits
 from docnmt_jax.models.base import (

@@ -60,7 +60,7 @@ import jax.numpy as jnp
 
 from docnmt_jax import flops
 from docnmt_jax.data import schema
-from docnmt_jax.data.tokenized import PackingConfig, PipelineConfig
+from docnmt_jax.data.spec import PackingConfig, PipelineConfig
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.decoding.beam_search import BeamResult
 from docnmt_jax.decoding.search import (

@@ -70,7 +70,7 @@ import jax.numpy as jnp
 
 from docnmt_jax import flops
 from docnmt_jax.data.schema import is_packed
-from docnmt_jax.data.tokenized import PackingConfig
+from docnmt_jax.data.spec import PackingConfig
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.decoding.search import (
     SearchConfig,

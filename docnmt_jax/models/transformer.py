@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from docnmt_jax import flops
-from docnmt_jax.data.tokenized import PackingConfig
+from docnmt_jax.data.spec import PackingConfig
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.decoding.search import SearchConfig, search_rows, sentence_limits
 from docnmt_jax.models import layers

@@ -22,7 +22,7 @@ from jax.experimental import multihost_utils
 from docnmt_jax.data import corpus_mix, readers
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.documents import Document
-from docnmt_jax.data.tokenized import PackingConfig, check_on_long
+from docnmt_jax.data.spec import PackingConfig, check_on_long
 from docnmt_jax.data.tokenizer import Tokenizer, get_or_train_tokenizer, load_tokenizer
 from docnmt_jax.errors import ConfigError, RunNotFoundError
 from docnmt_jax.models import Model

@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 from docnmt_jax import parallel
 from docnmt_jax.data import loader as loader_lib
 from docnmt_jax.data import pipeline as pipeline_lib
-from docnmt_jax.data.tokenized import check_on_long
+from docnmt_jax.data.spec import check_on_long
 from docnmt_jax.errors import ConfigError
 from docnmt_jax.files import write_atomic
 from docnmt_jax.models import Metric, build_model
