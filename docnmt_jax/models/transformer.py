@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from docnmt_jax import flops
-from docnmt_jax.data.spec import PackingConfig
+from docnmt_jax.data.spec import DataSpec, PackingConfig
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.decoding.search import SearchConfig, search_rows, sentence_limits
 from docnmt_jax.models import layers
@@ -365,9 +365,11 @@ class TransformerModel(BaseModel):
     def rows(self, batch: dict[str, Array]) -> dict[str, Array]:
         return sentence_rows(batch)
 
-    def packing(self) -> PackingConfig:
-        """Several whole sentences per row of 128 slots (flax ``examples/wmt``)."""
-        return PackingConfig(unit="sentence", row_tokens=128)
+    def data_spec(self) -> DataSpec:
+        """Sentences alone (as :attr:`layout` says); packed: several whole sentences per row of
+        128 slots (flax ``examples/wmt``)."""
+        packing = PackingConfig(unit="sentence", row_tokens=128)
+        return dataclasses.replace(super().data_spec(), packing=packing)
 
     def translate(
         self, params: Any, batch: dict[str, Array], search: SearchConfig

@@ -165,14 +165,13 @@ def train_and_evaluate(
     objective = build_objective(config.get("objective", {}), model)
     custom_hooks = bool(eval_hooks) or (dev_hook is not None and not tcfg.get("dev_bleu", False))
     check_best_metric(tcfg, objective, custom_hooks)
-    packed = config.data.get("packed", True) and not objective.needs_grid
-    packing = model.packing() if packed else None
+    packed = data_setup.trains_packed(config, objective.needs_grid)
     encode = tokenizer.encode_batch
     shards = layout.batch_shards
-    train_plan = data_setup.plan_batches(config, model, shards, packing, encode, train_docs, True)
-    dev_plan = data_setup.plan_batches(config, model, shards, packing, encode, dev_docs, False)
+    train_plan = data_setup.plan_batches(config, model, shards, packed, encode, train_docs, True)
+    dev_plan = data_setup.plan_batches(config, model, shards, packed, encode, dev_docs, False)
     for note in data_setup.data_notes(
-        config.data, model, packing, loader, (train_docs, dev_docs), (train_plan, dev_plan)
+        config.data, model, loader, (train_docs, dev_docs), (train_plan, dev_plan)
     ):
         runlog.note(note)
 
