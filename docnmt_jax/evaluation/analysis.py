@@ -105,7 +105,7 @@ def context_plan(model: Model, max_sentences: int, k: int) -> ContextPlan:
     if k < 0:
         raise InputMismatchError(f"context size must be >= 0, got {k}")
     K = model.context_sentences
-    if model.layout.sentence_level and K == 0:
+    if not model.uses_context:
         note = f"model {model.name!r} translates sentences alone: no context, a flat curve"
         return ContextPlan(False, k, None, None, note)
     if K > 0 and k >= K:

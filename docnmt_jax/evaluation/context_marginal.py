@@ -362,7 +362,7 @@ def random_chunks(model: Model, max_sentences: int) -> int | None:
     context). Raises :class:`ContextUsageError` for a model without context."""
     if model.whole_documents:
         return None
-    if model.layout.sentence_level and model.context_sentences == 0:
+    if not model.uses_context:
         raise ContextUsageError(
             f"model {model.name!r} translates sentences alone: it has no context to replace"
         )
