@@ -95,6 +95,62 @@ def first_fit_decreasing(
     return [order[by_row[bounds[r] : bounds[r + 1]]] for r in range(n_rows)]
 
 
+SIDES = ("src", "tgt")
+
+
+def side_lengths(corpus: TokenizedCorpus) -> dict[str, np.ndarray]:
+    """Tokens of every sentence (EOS included), int64, per side."""
+    return {"src": corpus.src.lengths.astype(np.int64), "tgt": corpus.tgt.lengths.astype(np.int64)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemLayout:
+    """Where the sentences of the packed items (the chunk table's rows) sit: ``item_of`` and
+    ``slot`` (the item of every sentence and its index there), ``chunk_offset`` (per side,
+    tokens of the item's earlier sentences), ``rel`` (per side, the sentence's first slot
+    relative to its item's start) and ``need`` (per side, each item's footprint)."""
+
+    item_of: np.ndarray
+    slot: np.ndarray
+    chunk_offset: dict[str, np.ndarray]
+    rel: dict[str, np.ndarray]
+    need: dict[str, np.ndarray]
+
+
+def item_layout(
+    chunk_table: dict[str, np.ndarray], lengths: dict[str, np.ndarray], drift: int | None
+) -> ItemLayout:
+    """The :class:`ItemLayout` of the items of ``chunk_table`` (sentence ``lengths`` per side):
+    with ``drift`` None each side contiguous (footprints: the token sums); with an int each
+    sentence starts at ``max(own side's end, other side's end - drift)`` on each side and both
+    sides' footprint is the larger end (module docstring)."""
+    c = chunk_table
+    n_items, n_sent = int(c["doc"].size), int(lengths["src"].size)
+    item_of = np.repeat(np.arange(n_items), c["count"])  # sentences are in chunk order
+    slot = np.arange(n_sent) - c["start"][item_of]
+    chunk_offset = {}
+    for side, n in lengths.items():
+        before = exclusive_cumsum(n)
+        chunk_offset[side] = before - before[c["start"]][item_of] if n_sent else before
+    if drift is None:
+        need = {
+            side: np.bincount(item_of, n, minlength=n_items).astype(np.int64)
+            for side, n in lengths.items()
+        }
+        return ItemLayout(item_of, slot, chunk_offset, dict(chunk_offset), need)
+    rel = {side: np.zeros(n_sent, np.int64) for side in lengths}
+    end_s, end_t = np.zeros(n_items, np.int64), np.zeros(n_items, np.int64)
+    for k in range(int(c["count"].max(initial=0))):
+        at = np.flatnonzero(slot == k)
+        it = item_of[at]
+        o_s = np.maximum(end_s[it], end_t[it] - drift)
+        o_t = np.maximum(end_t[it], end_s[it] - drift)
+        rel["src"][at], rel["tgt"][at] = o_s, o_t
+        end_s[it], end_t[it] = o_s + lengths["src"][at], o_t + lengths["tgt"][at]
+    foot = np.maximum(end_s, end_t)
+    return ItemLayout(item_of, slot, chunk_offset, rel, {"src": foot, "tgt": foot})
+
+
 class PackedPlan(EpochIteration):
     """Deterministic global plan of packed batches over epochs; step ``n`` = the ``n``-th
     global batch. The same public surface as :class:`~docnmt_jax.data.batch_plan.BatchPlan`,
@@ -115,63 +171,13 @@ class PackedPlan(EpochIteration):
         self.corpus = corpus
         self.config = config
         self.packing: PackingConfig = config.packing
-        drift = self.packing.drift
         unit_config = config
         if self.packing.unit == "sentence":
             unit_config = dataclasses.replace(config, sentence_level=True)
         self.chunk_table = make_chunks(corpus, unit_config)
-        c = self.chunk_table
-        n_items, n_sent = int(c["doc"].size), corpus.num_sentences
-        lengths = {
-            "src": corpus.src.lengths.astype(np.int64),
-            "tgt": corpus.tgt.lengths.astype(np.int64),
-        }
-        item_of = np.repeat(np.arange(n_items), c["count"])  # sentences are in chunk order
-        slot = np.arange(n_sent) - c["start"][item_of]
-        chunk_offset = {}
-        for side, n in lengths.items():
-            before = exclusive_cumsum(n)
-            chunk_offset[side] = before - before[c["start"]][item_of] if n_sent else before
-        # Offsets of each sentence relative to its item's start, and the item footprints.
-        if drift is None:
-            rel = dict(chunk_offset)
-            need = {
-                side: np.bincount(item_of, n, minlength=n_items).astype(np.int64)
-                for side, n in lengths.items()
-            }
-        else:
-            rel = {side: np.zeros(n_sent, np.int64) for side in lengths}
-            end_s, end_t = np.zeros(n_items, np.int64), np.zeros(n_items, np.int64)
-            for k in range(int(c["count"].max(initial=0))):
-                at = np.flatnonzero(slot == k)
-                it = item_of[at]
-                o_s = np.maximum(end_s[it], end_t[it] - drift)
-                o_t = np.maximum(end_t[it], end_s[it] - drift)
-                rel["src"][at], rel["tgt"][at] = o_s, o_t
-                end_s[it], end_t[it] = o_s + lengths["src"][at], o_t + lengths["tgt"][at]
-            foot = np.maximum(end_s, end_t)
-            need = {"src": foot, "tgt": foot}
-        widest = np.maximum(need["src"], need["tgt"])
+        layout = item_layout(self.chunk_table, side_lengths(corpus), self.packing.drift)
         row_lengths = np.asarray(self.packing.row_lengths, np.int64)
-        length_class = np.searchsorted(row_lengths, widest)
-        if n_items and length_class.max() >= row_lengths.size:
-            worst = int(np.argmax(widest))
-            raise PackingError(
-                f"a packed {self.packing.unit} needs {int(widest[worst])} slots, more than the "
-                f"longest row ({int(row_lengths[-1])} = packing row_tokens "
-                f"{self.packing.row_tokens} * 2**{row_lengths.size - 1}); lower "
-                "config.data.max_src_len/max_tgt_len/max_sentences or raise "
-                "config.data.packed_row_tokens"
-            )
-        # Rows of every length class, class by class; row r holds items rows[r] (id order).
-        rows: list[np.ndarray] = []
-        class_rows = np.zeros(row_lengths.size, np.int64)
-        for i, L in enumerate(row_lengths.tolist()):
-            items = np.flatnonzero(length_class == i)
-            if items.size:
-                packed = first_fit_decreasing(need["src"], need["tgt"], items, L)
-                rows.extend(packed)
-                class_rows[i] = len(packed)
+        rows, class_rows = self._pack(layout, row_lengths)
         self.num_rows = len(rows)
         self.row_lengths = tuple(int(x) for x in row_lengths)
         self._class_rows = class_rows
@@ -182,43 +188,78 @@ class PackedPlan(EpochIteration):
         self._class_b = np.array([max(p, budget // L // p * p) for L in self.row_lengths])
         self._class_batches = -(-class_rows // self._class_b)
         self.batches_per_epoch = int(self._class_batches.sum())
-        # Placement table (CSR over rows).
+        self.placement, self.row_ptr = self._placement(rows, layout)
+        self.item_rows = rows
+        real = int(corpus.src.lengths.sum()) + int(corpus.tgt.lengths.sum())
+        slots = 2 * int((self._class_batches * self._class_b * row_lengths).sum())
+        self.padding_fraction = 1.0 - real / slots if slots else 0.0
+        self.stats = dataclasses.replace(
+            corpus_stats(corpus, int(self.chunk_table["doc"].size)),
+            batches_per_epoch=self.batches_per_epoch,
+            padding_fraction=self.padding_fraction,
+        )
+        self._cache: tuple[int, EpochPlan] | None = None
+
+    def _pack(
+        self, layout: ItemLayout, row_lengths: np.ndarray
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        """Rows of every length class, class by class (row ``r`` holds items ``rows[r]``, in id
+        order), and the rows per class: each item in the shortest row length that holds it."""
+        need = layout.need
+        widest = np.maximum(need["src"], need["tgt"])
+        length_class = np.searchsorted(row_lengths, widest)
+        if widest.size and length_class.max() >= row_lengths.size:
+            worst = int(np.argmax(widest))
+            raise PackingError(
+                f"a packed {self.packing.unit} needs {int(widest[worst])} slots, more than the "
+                f"longest row ({int(row_lengths[-1])} = packing row_tokens "
+                f"{self.packing.row_tokens} * 2**{row_lengths.size - 1}); lower "
+                "config.data.max_src_len/max_tgt_len/max_sentences or raise "
+                "config.data.packed_row_tokens"
+            )
+        rows: list[np.ndarray] = []
+        class_rows = np.zeros(row_lengths.size, np.int64)
+        for i, L in enumerate(row_lengths.tolist()):
+            items = np.flatnonzero(length_class == i)
+            if items.size:
+                packed = first_fit_decreasing(need["src"], need["tgt"], items, L)
+                rows.extend(packed)
+                class_rows[i] = len(packed)
+        return rows, class_rows
+
+    def _placement(
+        self, rows: list[np.ndarray], layout: ItemLayout
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The placement table of ``rows`` (columns :data:`PLACEMENT_COLUMNS`) and its CSR row
+        pointers: a row's items end to end in id order, each item's sentences where
+        ``layout.rel`` puts them."""
+        c, n_sent = self.chunk_table, self.corpus.num_sentences
         items_per_row = np.array([r.size for r in rows], np.int64)
         item_order = np.concatenate(rows) if rows else np.zeros(0, np.int64)
-        item_row = np.repeat(np.arange(self.num_rows), items_per_row)
+        item_row = np.repeat(np.arange(len(rows)), items_per_row)
         first_item = exclusive_cumsum(items_per_row)
         item_rank = np.arange(item_order.size) - first_item[item_row]  # 0-based in its row
         item_start = {}
-        for side in lengths:
-            before = exclusive_cumsum(need[side][item_order])
+        for side in SIDES:
+            before = exclusive_cumsum(layout.need[side][item_order])
             item_start[side] = before - before[first_item][item_row] if before.size else before
         counts = c["count"][item_order]
         sentence = segments(np.arange(n_sent), c["start"][item_order], counts)
         placed_item = np.repeat(np.arange(item_order.size), counts)  # index into item_order
         row_of_sentence = item_row[placed_item]
-        sentences_per_row = np.bincount(row_of_sentence, minlength=self.num_rows)
-        self.row_ptr = np.concatenate([[0], np.cumsum(sentences_per_row)]).astype(np.int64)
+        sentences_per_row = np.bincount(row_of_sentence, minlength=len(rows))
+        row_ptr = np.concatenate([[0], np.cumsum(sentences_per_row)]).astype(np.int64)
         table = {
             "sentence": sentence,
-            "src_offset": item_start["src"][placed_item] + rel["src"][sentence],
-            "tgt_offset": item_start["tgt"][placed_item] + rel["tgt"][sentence],
-            "segment": np.arange(sentence.size) - self.row_ptr[row_of_sentence] + 1,
+            "src_offset": item_start["src"][placed_item] + layout.rel["src"][sentence],
+            "tgt_offset": item_start["tgt"][placed_item] + layout.rel["tgt"][sentence],
+            "segment": np.arange(sentence.size) - row_ptr[row_of_sentence] + 1,
             "chunk": item_rank[placed_item] + 1,
-            "sentence_index": slot[sentence],
-            "src_chunk_offset": chunk_offset["src"][sentence],
-            "tgt_chunk_offset": chunk_offset["tgt"][sentence],
+            "sentence_index": layout.slot[sentence],
+            "src_chunk_offset": layout.chunk_offset["src"][sentence],
+            "tgt_chunk_offset": layout.chunk_offset["tgt"][sentence],
         }
-        self.placement = np.stack([table[k] for k in PLACEMENT_COLUMNS], axis=1)
-        self.item_rows = rows
-        real = int(lengths["src"].sum() + lengths["tgt"].sum())
-        slots = 2 * int((self._class_batches * self._class_b * row_lengths).sum())
-        self.padding_fraction = 1.0 - real / slots if slots else 0.0
-        self.stats = dataclasses.replace(
-            corpus_stats(corpus, n_items),
-            batches_per_epoch=self.batches_per_epoch,
-            padding_fraction=self.padding_fraction,
-        )
-        self._cache: tuple[int, EpochPlan] | None = None
+        return np.stack([table[k] for k in PLACEMENT_COLUMNS], axis=1), row_ptr
 
     # -- geometry -------------------------------------------------------------------------------
 
