@@ -4,11 +4,12 @@
 
 import ml_collections
 
-from docnmt_jax.config_files import BASE_SIZE, paper_variant, sibling_config
+from docnmt_jax.config_files import paper_variant, sibling_config
+from docnmt_jax.sizes import BASE
 
 
 @paper_variant
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config = sibling_config(__file__, f"doct.py:{variant}" if variant else "doct.py")
-    config.model.update(BASE_SIZE)
+    config.model.update(BASE)
     return config

@@ -8,11 +8,12 @@ switches included, is ``configs/final.py``. Train:
 
 import ml_collections
 
-from docnmt_jax.config_files import BASE_SIZE, paper_variant, sibling_config
+from docnmt_jax.config_files import paper_variant, sibling_config
+from docnmt_jax.sizes import BASE
 
 
 @paper_variant
 def get_config() -> ml_collections.ConfigDict:
     config = sibling_config(__file__, "final.py")
-    config.model.update(BASE_SIZE)
+    config.model.update(BASE)
     return config

@@ -5,12 +5,13 @@ context in encoder and decoder). Everything else is ``configs/hmgdc.py``
 
 import ml_collections
 
-from docnmt_jax.config_files import BASE_SIZE, paper_variant, sibling_config
+from docnmt_jax.config_files import paper_variant, sibling_config
+from docnmt_jax.sizes import BASE
 
 
 @paper_variant
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config = sibling_config(__file__, f"hmgdc.py:{variant}" if variant else "hmgdc.py")
-    config.model.update(BASE_SIZE)
+    config.model.update(BASE)
     config.model.num_document_layers = 5
     return config

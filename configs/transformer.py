@@ -16,6 +16,7 @@ import math
 import ml_collections
 
 from docnmt_jax.config_files import paper_variant
+from docnmt_jax.sizes import TED
 
 
 @paper_variant
@@ -25,11 +26,11 @@ def get_config() -> ml_collections.ConfigDict:
     # Model: Zheng et al. 2020, Sec. 5 (TED): d_model 256, ffn 512, 4 layers, 4 heads.
     config.model = ml_collections.ConfigDict()
     config.model.name = "transformer"  # which model module builds the network
-    config.model.d_model = 256  # model (embedding) dimension
-    config.model.num_heads = 4  # attention heads
-    config.model.ffn_dim = 512  # feed-forward inner dimension
-    config.model.num_encoder_layers = 4  # encoder layers (N)
-    config.model.num_decoder_layers = 4  # decoder layers (N)
+    config.model.d_model = TED["d_model"]  # model (embedding) dimension
+    config.model.num_heads = TED["num_heads"]  # attention heads
+    config.model.ffn_dim = TED["ffn_dim"]  # feed-forward inner dimension
+    config.model.num_encoder_layers = TED["num_encoder_layers"]  # encoder layers (N)
+    config.model.num_decoder_layers = TED["num_decoder_layers"]  # decoder layers (N)
     config.model.dropout_rate = 0.1  # residual and embedding dropout
     config.model.attention_dropout_rate = 0.0  # dropout on attention weights
     config.model.relu_dropout_rate = 0.0  # dropout inside the feed-forward block

@@ -80,14 +80,3 @@ def paper_variant(
         return paper_training(config) if PAPER in parts else config
 
     return with_paper
-
-
-#: Vaswani et al. (2017)'s base model: the size of the papers' larger-corpus settings
-#: (``configs/*_base.py``).
-BASE_SIZE = {
-    "d_model": 512,
-    "ffn_dim": 2048,
-    "num_heads": 8,
-    "num_encoder_layers": 6,
-    "num_decoder_layers": 6,
-}

@@ -24,7 +24,7 @@ from docnmt_jax import cli
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data import readers
 from docnmt_jax.errors import UserError
-from docnmt_jax.models import doct
+from docnmt_jax.models import window
 from docnmt_jax.training import data_setup, restore
 
 QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
@@ -34,7 +34,7 @@ def batch_gates(model, params, batch: dict) -> tuple[np.ndarray, np.ndarray]:
     """``(g [tokens, D], context share [tokens])`` over the real source tokens with context
     of one grid batch, and the same for tokens without context (first sentences)."""
     rows = model.rows(batch)
-    _, state = doct.encode_windows(model, params, batch, mutable=["intermediates"])
+    _, state = window.encode_windows(model, params, batch, mutable=["intermediates"])
     found = state["intermediates"]
     g, x, x_hat = (found[k][0] for k in ("gate_values", "source_states", "context_states"))
     from_context = jnp.linalg.norm(g * x_hat, axis=-1)
@@ -48,14 +48,8 @@ def batch_gates(model, params, batch: dict) -> tuple[np.ndarray, np.ndarray]:
 def gate_statistics(model, params, tokenizer, docs: list, config) -> dict:
     """Quantiles of ``g`` and of the context share over the tokens of ``docs`` with context,
     the mean ``g`` of the tokens without one, and the token counts."""
-    pipeline = data_setup.pipeline_config(  # the run's evaluation batches (its grid, no packing)
-        config.data,
-        config.train.seed,
-        False,
-        model.layout.sentence_level,
-        context_sentences=model.context_sentences,
-    )
-    plan = pipeline_lib.plan_batches(docs, tokenizer.encode_batch, pipeline)
+    # The run's evaluation batches, on the grid.
+    plan = data_setup.plan_batches(config, model, 1, False, tokenizer.encode_batch, docs, False)
     step = jax.jit(lambda p, b: batch_gates(model, p, b))
     gates, shares, alone = [], [], []
     for batch in tqdm(pipeline_lib.numpy_batches(plan), desc="gates", unit="batch"):

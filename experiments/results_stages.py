@@ -163,11 +163,6 @@ def train_row(row: Row, settings: Settings, steps: int, tokenizer_path: str) -> 
     return record
 
 
-def uses_context(model: Any) -> bool:
-    """Whether the model reads anything but the sentence it translates."""
-    return not (model.layout.sentence_level and model.context_sentences == 0)
-
-
 def measure_row(
     row: Row, settings: Settings, documents: Sequence[Document], progress: bool = True
 ) -> dict[str, Any]:
@@ -207,7 +202,7 @@ def measure_row(
         "verses": sum(len(d) for d in subset),
         "s_bleu": score_documents(subset_hyps, subset_refs)["s_bleu"]["score"],
     }
-    if uses_context(model):
+    if model.uses_context:
         usage = context_marginal.model_context_usage(
             translator,
             subset,

@@ -20,8 +20,8 @@ from typing import Any
 import jax
 
 from docnmt_jax import cli
+from docnmt_jax.data import builder, readers
 from docnmt_jax.data import pipeline as pipeline_lib
-from docnmt_jax.data import readers
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.decoding.translator import Translator
 from docnmt_jax.errors import UserError
@@ -34,7 +34,7 @@ def reference_nll(
     model: Any, params: Any, tokenizer: Any, docs: list, config: Any, max_sentences: int
 ) -> dict[str, float]:
     """Summed NLL and token count of the references of ``docs`` under ``model``'s scope."""
-    pipeline = pipeline_lib.PipelineConfig(
+    settings = pipeline_lib.PipelineConfig(
         max_sentences=max_sentences,
         max_src_len=config.data.max_src_len,
         max_tgt_len=config.data.max_tgt_len,
@@ -43,9 +43,8 @@ def reference_nll(
         shuffle=False,
         num_epochs=1,
         pad_batch=True,
-        whole_documents=model.whole_documents,
     )
-    plan = pipeline_lib.plan_batches(docs, tokenizer.encode_batch, pipeline)
+    plan = builder.build_plan(model.data_spec(), settings, docs, tokenizer.encode_batch)
     loss = jax.jit(lambda p, b: model.loss(p, b, None, False)[1])
     nll = tokens = 0.0
     for batch in pipeline_lib.numpy_batches(plan):

@@ -73,6 +73,7 @@ class _FakeModel:
     def __init__(self, name, layout, context_sentences=0, whole_documents=False):
         self.name, self.layout = name, layout
         self.context_sentences, self.whole_documents = context_sentences, whole_documents
+        self.uses_context = not (layout.sentence_level and context_sentences == 0)
 
 
 class _FakeTranslator:

@@ -433,7 +433,7 @@ def test_packed_plans_of_the_prepared_corpus(prepared, tmp_path) -> None:
     import dataclasses
 
     from docnmt_jax.data.pipeline import PipelineConfig, plan_batches, tokenize_corpus
-    from docnmt_jax.data.tokenized import PackingConfig
+    from docnmt_jax.data.spec import PackingConfig
     from docnmt_jax.data.tokenizer import get_or_train_tokenizer
 
     docs = read_tsv(os.path.join(prepared[0], "train.tsv"))

@@ -12,7 +12,7 @@ import pytest
 from conftest import tiny_config
 
 from docnmt_jax.data import readers
-from docnmt_jax.data.tokenized import PipelineConfig
+from docnmt_jax.data.spec import DataSpec, PipelineConfig
 from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from docnmt_jax.decoding import beam_search as bs
 from docnmt_jax.decoding.search import SearchConfig
@@ -393,6 +393,9 @@ class _FakeModel:
 
     def __init__(self, counts: bool):
         self.counts = counts
+
+    def data_spec(self):
+        return DataSpec(rows="chunks", context="chunk")  # chunks of max_sentences, the grid
 
     def max_source_len(self, sentences_per_chunk):
         return None  # no source limit (Model protocol)

@@ -228,7 +228,7 @@ def test_packed_config_is_validated():
 def test_data_limits_beyond_the_windows_are_refused():
     """Sentences longer than ``max_sentence_len`` (or chunks beyond ``max_segments``) would
     fall outside the bands: the trainer's check names the keys to change."""
-    from docnmt_jax.data.tokenized import PipelineConfig
+    from docnmt_jax.data.spec import PipelineConfig
 
     model = FinalModel(dataclasses.replace(CFG, max_sentence_len=64, max_segments=20))
     packed = PipelineConfig(max_src_len=64, max_tgt_len=64, packing=model.packing())

@@ -20,7 +20,7 @@ from docnmt_jax.data import pipeline as P
 from docnmt_jax.data import schema
 from docnmt_jax.data.grouped_plan import GroupedPackedPlan
 from docnmt_jax.data.packed_plan import PackingError
-from docnmt_jax.data.tokenized import PackingConfig, PipelineConfig
+from docnmt_jax.data.spec import PackingConfig, PipelineConfig
 from docnmt_jax.data.tokenizer import EOS_ID
 
 GROUPED = PackingConfig(unit="grouped", row_tokens=16, max_row_sentences=3)

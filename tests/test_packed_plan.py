@@ -23,7 +23,7 @@ from docnmt_jax.data.pipeline import (
     plan_batches,
     tokenize_corpus,
 )
-from docnmt_jax.data.tokenized import PackingConfig
+from docnmt_jax.data.spec import PackingConfig
 
 # Grid row 0: two sentences (src 3/tgt 1, then src 2/tgt 3); row 1: one sentence and an empty
 # slot; row 2: empty.

@@ -15,6 +15,7 @@ from conftest import ROOT
 
 from docnmt_jax import files
 from docnmt_jax.config_files import load_config
+from docnmt_jax.data import builder
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.tokenizer import get_or_train_tokenizer
 from docnmt_jax.errors import ConfigError
@@ -241,14 +242,11 @@ def _epoch_target_tokens(config, docs, tokenizer) -> tuple[int, int]:
     """Reference: one epoch of ``config``'s training plan, batch by batch, target mask summed;
     returns (real target tokens, batches)."""
     model = build_model(config.model, tokenizer.vocab_size)
-    cfg = data_setup.pipeline_config(
-        config.data,
-        config.train.seed,
-        True,
-        model.layout.sentence_level,
-        packing=model.packing(),
-        context_sentences=model.context_sentences,
-        whole_documents=model.whole_documents,
+    cfg = builder.pipeline_config(
+        model.data_spec(),
+        data_setup.data_settings(config.data, config.train.seed, True),
+        packed=True,
+        row_tokens=config.data.get("packed_row_tokens", 0),
     )
     plan = pipeline_lib.plan_batches(
         docs, tokenizer.encode_batch, dataclasses.replace(cfg, num_epochs=1)

@@ -22,7 +22,7 @@ import pytest
 from conftest import ROOT, tiny_config
 
 from docnmt_jax.data import readers
-from docnmt_jax.data.tokenized import PipelineConfig
+from docnmt_jax.data.spec import DataSpec, PipelineConfig
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.decoding.search import SearchConfig, search_rows, sentence_limits
 from docnmt_jax.errors import CapabilityError, ModelError
@@ -106,6 +106,14 @@ class TrainOnlyToy:
     @property
     def whole_documents(self) -> bool:
         return False
+
+    @property
+    def uses_context(self) -> bool:
+        return False
+
+    def data_spec(self) -> DataSpec:
+        """One sentence a row, no context, the ``[B, S, T]`` grid only (no packed rows)."""
+        return DataSpec()
 
     def check_data(self, config: PipelineConfig) -> None:
         """The toy reads the grid only."""

@@ -41,7 +41,7 @@ import os
 import time
 from typing import Any
 
-from docnmt_jax.benchmarking.pipeline import pipeline_config
+from docnmt_jax.benchmarking.pipeline import pipeline_settings
 from docnmt_jax.benchmarking.workload import UsageError, add_ratios, build, model_names
 
 Results = dict[str, Any]
@@ -118,6 +118,7 @@ def corpus_section(args: argparse.Namespace, results: Results) -> Results:
     """``args``: ``tsv``, ``spm``, ``corpus_vocab``, ``size``, ``dtype``, ``models``,
     ``corpus_layouts``, ``corpus_steps``, ``warmup``, ``max_sentences``, ``max_len``,
     ``batch_tokens``."""
+    from docnmt_jax.data import builder
     from docnmt_jax.data import pipeline as P
     from docnmt_jax.data.readers import read_tsv
 
@@ -132,24 +133,17 @@ def corpus_section(args: argparse.Namespace, results: Results) -> Results:
     layouts = args.corpus_layouts.split(",")
     if set(layouts) - set(LAYOUTS):
         raise UsageError(f"--corpus-layouts takes {' and/or '.join(LAYOUTS)}: {layouts}")
-    base = pipeline_config(args)
+    base = pipeline_settings(args)
     corpus = P.tokenize_corpus(docs, tokenizer.encode_batch, base)
     needed = args.warmup + args.corpus_steps
     runs: list[CorpusRun] = []
     for name in model_names(args):
         task = build(name, args, args.max_sentences)
+        spec = task.data_spec()
         for layout in layouts:
-            packing = task.packing() if layout == "packed" else None
-            if layout == "packed" and packing is None:
+            if layout == "packed" and spec.packing is None:
                 continue  # this model trains on the grid only
-            config = dataclasses.replace(
-                base,
-                sentence_level=task.layout.sentence_level,
-                packing=packing,
-                context_sentences=task.context_sentences,
-                whole_documents=task.whole_documents,
-            )
-            plan = P.plan_batches(corpus, config=config)
+            plan = builder.build_plan(spec, base, corpus, packed=layout == "packed")
             batches = [b for _, b in zip(range(needed), P.numpy_batches(plan), strict=False)]
             runs.append(CorpusRun(name, layout, task, plan, batches))
     steps = min(len(r.batches) for r in runs)

@@ -32,9 +32,10 @@ def spm_encoder(path: str) -> Callable[[Sequence[str]], list[list[int]]]:
     return lambda texts: sp.encode(list(texts))
 
 
-def pipeline_config(args: argparse.Namespace) -> Any:
-    """The ``PipelineConfig`` of ``--max-sentences``, ``--max-len`` (both sides) and
-    ``--batch-tokens`` (both sides); the rest default."""
+def pipeline_settings(args: argparse.Namespace) -> Any:
+    """The ``PipelineConfig`` settings of ``--max-sentences``, ``--max-len`` (both sides) and
+    ``--batch-tokens`` (both sides); the rest default (a model's fields: the data builder,
+    :func:`docnmt_jax.data.builder.pipeline_config`)."""
     from docnmt_jax.data import pipeline as P
 
     return P.PipelineConfig(
@@ -57,7 +58,7 @@ def pipeline_section(args: argparse.Namespace, results: Results) -> Results:
     docs = read_tsv(args.tsv)
     read_s = time.perf_counter() - t0
     encode = spm_encoder(args.spm) if args.spm else word_encoder()
-    base = pipeline_config(args)
+    base = pipeline_settings(args)
     t0 = time.perf_counter()
     corpus = P.tokenize_corpus(docs, encode, base)
     tokenize_s = time.perf_counter() - t0

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from docnmt_jax import sizes
 from docnmt_jax.errors import UserError
 
 Results = dict[str, Any]
@@ -20,10 +21,19 @@ class UsageError(UserError, ValueError):
     """A benchmark option names something that is not there (one line, no traceback)."""
 
 
+#: ``--size``: the presets of :mod:`docnmt_jax.sizes` and a tiny one for tests (encoder and
+#: decoder layers alike: ``layers``).
 SIZES = {
-    "tiny": {"d_model": 32, "num_heads": 2, "ffn_dim": 64, "layers": 1},  # for tests
-    "ted": {"d_model": 256, "num_heads": 4, "ffn_dim": 512, "layers": 4},
-    "base": {"d_model": 512, "num_heads": 8, "ffn_dim": 2048, "layers": 6},
+    "tiny": {"d_model": 32, "num_heads": 2, "ffn_dim": 64, "layers": 1},
+    **{
+        name: {
+            "d_model": preset["d_model"],
+            "num_heads": preset["num_heads"],
+            "ffn_dim": preset["ffn_dim"],
+            "layers": preset["num_encoder_layers"],
+        }
+        for name, preset in sizes.PRESETS.items()
+    },
 }
 
 

@@ -1,124 +1,22 @@
-"""Stage 2 of the document pipeline (:mod:`docnmt_jax.data.pipeline`): bucketing of the chunks
-and the deterministic global batch plan of every epoch (:class:`BatchPlan`, :class:`EpochPlan`),
-including the NumPy materialisation of a planned batch. With ``PipelineConfig.packing`` set,
-:func:`plan_batches` returns the packed rows' plan instead
-(:class:`~docnmt_jax.data.packed_plan.PackedPlan`)."""
+"""Stage 2 of the document pipeline (:mod:`docnmt_jax.data.pipeline`) on the ``[B, S, T]`` grid:
+bucketing of the chunks and the deterministic global batch plan of every epoch
+(:class:`BatchPlan`), including the NumPy materialisation of a planned batch. Packed rows have
+their own plans (:mod:`~docnmt_jax.data.packed_plan`, :mod:`~docnmt_jax.data.grouped_plan`);
+:func:`docnmt_jax.data.builder.plan_batches` picks the plan of a config."""
 
 from __future__ import annotations
 
-import abc
 import dataclasses
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
 from docnmt_jax.data import schema
-from docnmt_jax.data.documents import Document
-from docnmt_jax.data.tokenized import (
-    Encode,
-    PipelineConfig,
-    TokenizedCorpus,
-    corpus_stats,
-    make_chunks,
-    tokenize_corpus,
-)
-
-if TYPE_CHECKING:
-    from docnmt_jax.data.packed_plan import PackedPlan
-
-Batch = schema.Batch
+from docnmt_jax.data.epochs import Batch, EpochIteration, EpochPlan, check_corpus_config, segments
+from docnmt_jax.data.spec import PipelineConfig
+from docnmt_jax.data.tokenized import TokenizedCorpus, corpus_stats, make_chunks
 
 # Columns of the chunk rows table (BatchPlan.gather_tables); 2.. are schema.ROW_FEATURES.
 _ROW_COLUMNS = ("count", "start", "doc", "index", "offset")
-
-
-def _segments(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of ``flat[starts[i] : starts[i] + lengths[i]]`` over ``i`` (vectorised)."""
-    out_starts = np.cumsum(lengths) - lengths
-    return flat[np.repeat(starts - out_starts, lengths) + np.arange(int(lengths.sum()))]
-
-
-@dataclasses.dataclass(frozen=True)
-class EpochPlan:
-    """Batches of one epoch in order: batch ``b`` is the chunk ids ``ids[starts[b]:][:sizes[b]]``
-    (-1 = padding row) in shape ``[sizes[b], s[b], t[b]]``."""
-
-    ids: np.ndarray  # int32 [sum(sizes)]
-    sizes: np.ndarray  # int32 [batches]
-    s: np.ndarray  # int32 [batches]
-    t: np.ndarray  # int32 [batches]
-
-    def __len__(self) -> int:
-        return int(self.sizes.size)
-
-    @property
-    def starts(self) -> np.ndarray:
-        return np.cumsum(self.sizes, dtype=np.int64) - self.sizes
-
-    def batch(self, b: int) -> np.ndarray:
-        start = int(self.starts[b])
-        return self.ids[start : start + int(self.sizes[b])]
-
-    def local(self, process_index: int, process_count: int) -> EpochPlan:
-        """The rows ``[i*B/P, (i+1)*B/P)`` of every batch, for process ``i`` of ``P``."""
-        sizes = self.sizes // process_count
-        ids = _segments(self.ids, self.starts + process_index * sizes, sizes)
-        return EpochPlan(ids, sizes, self.s, self.t)
-
-    def slice(self, start: int) -> EpochPlan:
-        """Batches ``start`` and later."""
-        first = int(self.sizes[:start].sum())
-        return EpochPlan(self.ids[first:], self.sizes[start:], self.s[start:], self.t[start:])
-
-
-def check_corpus_config(corpus: TokenizedCorpus, config: PipelineConfig) -> None:
-    """Raises ValueError unless ``corpus`` was truncated to ``config``'s max lengths."""
-    if (corpus.src.max_len, corpus.tgt.max_len) != (config.max_src_len, config.max_tgt_len):
-        raise ValueError(
-            f"corpus was truncated to max lengths ({corpus.src.max_len}, "
-            f"{corpus.tgt.max_len}) but the config asks for ({config.max_src_len}, "
-            f"{config.max_tgt_len}); re-run tokenize_corpus with this config"
-        )
-
-
-class EpochIteration(abc.ABC):
-    """Steps over epochs for a plan that defines ``config`` (a :class:`PipelineConfig`),
-    ``batches_per_epoch`` (the same in every epoch) and ``epoch(e) -> EpochPlan``: step ``n``
-    is batch ``n mod batches_per_epoch`` of epoch ``n // batches_per_epoch``."""
-
-    config: PipelineConfig
-    batches_per_epoch: int
-
-    @abc.abstractmethod
-    def epoch(self, e: int) -> EpochPlan:
-        """The global batches of epoch ``e``."""
-
-    @property
-    def num_batches(self) -> int | None:
-        """Total global batches, or None when repeating forever."""
-        e = self.config.num_epochs
-        return None if e is None else e * self.batches_per_epoch
-
-    def epochs_from(self, start_step: int = 0) -> Iterator[EpochPlan]:
-        """Global epoch plans from step ``start_step`` on (the first one sliced to start there)."""
-        if start_step < 0:
-            raise ValueError(f"start_step must be >= 0, got {start_step}")
-        nb = self.batches_per_epoch
-        if nb == 0:
-            if self.config.num_epochs is None:
-                raise ValueError("the plan has no batch per epoch: the corpus is too small")
-            return
-        e, i = divmod(start_step, nb)
-        while self.config.num_epochs is None or e < self.config.num_epochs:
-            yield self.epoch(e).slice(i)
-            e, i = e + 1, 0
-
-    def local_epochs_from(self, start_step: int = 0) -> Iterator[EpochPlan]:
-        """Like :meth:`epochs_from`, restricted to this process's rows."""
-        cfg = self.config
-        for plan in self.epochs_from(start_step):
-            yield plan.local(cfg.process_index, cfg.process_count)
 
 
 class BatchPlan(EpochIteration):
@@ -247,7 +145,7 @@ class BatchPlan(EpochIteration):
         sizes = self._bucket_b[bucket]
         if cfg.shuffle:
             perm = rng.permutation(bucket.size)
-            ids = _segments(ids, (np.cumsum(sizes) - sizes)[perm], sizes[perm])
+            ids = segments(ids, (np.cumsum(sizes) - sizes)[perm], sizes[perm])
             bucket, sizes = bucket[perm], sizes[perm]
         st = np.asarray(self._bucket_shape, dtype=np.int32).reshape(-1, 2)[bucket]
         plan = EpochPlan(ids, sizes.astype(np.int32), st[:, 0].copy(), st[:, 1].copy())
@@ -322,39 +220,3 @@ def _token_grid(
     mask = pos < length[..., None]
     idx = np.where(mask, offsets[..., sid][..., None] + pos, 0)
     return np.where(mask, tokens[idx], 0).astype(np.int32), length
-
-
-PipelineInput = Union[Sequence[Document], TokenizedCorpus, BatchPlan, "PackedPlan"]
-
-
-def plan_batches(
-    data: PipelineInput,
-    encode: Encode | None = None,
-    config: PipelineConfig | None = None,
-) -> BatchPlan | PackedPlan:
-    """The deterministic batch plan of documents (tokenised with ``encode``) or a corpus: a
-    :class:`~docnmt_jax.data.packed_plan.PackedPlan` when ``config.packing`` is set
-    (:class:`~docnmt_jax.data.grouped_plan.GroupedPackedPlan` for ``unit="grouped"``), else a
-    :class:`BatchPlan`. A plan is returned as is (its config must match ``config`` when one is
-    given)."""
-    from docnmt_jax.data.packed_plan import PackedPlan
-
-    if isinstance(data, BatchPlan | PackedPlan):
-        if config is not None and config != data.config:
-            raise ValueError(f"a {type(data).__name__} was given with a different config")
-        return data
-    if isinstance(data, TokenizedCorpus):
-        config = config or data.config
-        corpus = data
-    else:
-        if encode is None:
-            raise ValueError("encode is required when raw documents are given")
-        config = config or PipelineConfig()
-        corpus = tokenize_corpus(data, encode, config)
-    if config.packing is None:
-        return BatchPlan(corpus, config)
-    if config.packing.unit == "grouped":
-        from docnmt_jax.data.grouped_plan import GroupedPackedPlan
-
-        return GroupedPackedPlan(corpus, config)
-    return PackedPlan(corpus, config)

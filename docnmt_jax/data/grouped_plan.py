@@ -35,20 +35,19 @@ import math
 
 import numpy as np
 
-from docnmt_jax.data.batch_plan import EpochPlan, check_corpus_config
+from docnmt_jax.data.epochs import EpochPlan, check_corpus_config
 from docnmt_jax.data.packed_plan import (
     PLACEMENT_COLUMNS,
+    ItemLayout,
     PackedPlan,
     PackingError,
-    _exclusive_cumsum,
-    _first_fit_decreasing,
+    exclusive_cumsum,
+    first_fit_decreasing,
+    item_layout,
+    side_lengths,
 )
-from docnmt_jax.data.tokenized import (
-    PipelineConfig,
-    TokenizedCorpus,
-    corpus_stats,
-    make_chunks,
-)
+from docnmt_jax.data.spec import PipelineConfig
+from docnmt_jax.data.tokenized import TokenizedCorpus, corpus_stats, make_chunks
 
 
 def _group_chunks(
@@ -103,30 +102,49 @@ class GroupedPackedPlan(PackedPlan):
         self.corpus, self.config, self.packing = corpus, config, config.packing
         L = self.packing.row_tokens
         self.chunk_table = c = make_chunks(corpus, config)
-        n_items, n_sent = int(c["doc"].size), corpus.num_sentences
-        src_len = corpus.src.lengths.astype(np.int64)
-        tgt_len = corpus.tgt.lengths.astype(np.int64)
-        if n_sent and max(src_len.max(), tgt_len.max()) > L:
+        lengths = side_lengths(corpus)
+        if corpus.num_sentences and max(lengths["src"].max(), lengths["tgt"].max()) > L:
             raise PackingError(
-                f"a sentence of {int(max(src_len.max(), tgt_len.max()))} tokens does not fit "
-                f"a packed row of {L} slots; lower config.data.max_src_len/max_tgt_len or "
-                "raise config.data.packed_row_tokens"
+                f"a sentence of {int(max(lengths['src'].max(), lengths['tgt'].max()))} tokens "
+                f"does not fit a packed row of {L} slots; lower config.data.max_src_len/"
+                "max_tgt_len or raise config.data.packed_row_tokens"
             )
-        item_of = np.repeat(np.arange(n_items), c["count"])
-        slot = np.arange(n_sent) - c["start"][item_of]
-        footprint = np.maximum(
-            np.bincount(item_of, src_len, minlength=n_items),
-            np.bincount(item_of, tgt_len, minlength=n_items),
-        ).astype(np.int64)
+        layout = item_layout(c, lengths, None)
         p = math.lcm(config.process_count, config.batch_multiple)
         budget = min(config.batch_src_tokens, config.batch_tgt_tokens)
         base = max(p, budget // L // p * p)
         self._class_b = np.array([base * 2**i for i in range(self.packing.max_shapes)])
-        capacity = [int(b * L * GROUP_FILL) for b in self._class_b]
+        self.groups = self._group(np.maximum(layout.need["src"], layout.need["tgt"]), lengths)
 
-        # Groups of chunks, each with its rows of sentences (module docstring, steps 1-2).
-        self.groups: list[tuple[np.ndarray, list[np.ndarray], int]] = []
-        pending = np.arange(n_items)
+        # Rows (group by group) and the placement table (CSR over rows).
+        rows = [r for _, group_rows, _ in self.groups for r in group_rows]
+        self.num_rows = len(rows)
+        self.row_lengths = (L,)
+        self.row_len = np.full(self.num_rows, L, np.int64)
+        self.item_rows = [np.unique(layout.item_of[r]) for r in rows]
+        self._group_size = np.array([g[2] for g in self.groups], np.int64)
+        self._group_rows = np.array([len(g[1]) for g in self.groups], np.int64)
+        self.batches_per_epoch = len(self.groups)
+        self.placement, self.row_ptr = self._grouped_placement(rows, layout, lengths)
+        real = int(lengths["src"].sum() + lengths["tgt"].sum())
+        slots = 2 * L * int(self._class_b[self._group_size].sum())
+        self.padding_fraction = 1.0 - real / slots if slots else 0.0
+        self.stats = dataclasses.replace(
+            corpus_stats(corpus, int(c["doc"].size)),
+            batches_per_epoch=self.batches_per_epoch,
+            padding_fraction=self.padding_fraction,
+        )
+        self._cache = None
+
+    def _group(
+        self, footprint: np.ndarray, lengths: dict[str, np.ndarray]
+    ) -> list[tuple[np.ndarray, list[np.ndarray], int]]:
+        """The batches as ``(chunk ids, rows of sentence ids, size class)`` (module docstring,
+        steps 1-2), ordered by first chunk id."""
+        c, L = self.chunk_table, self.packing.row_tokens
+        capacity = [int(b * L * GROUP_FILL) for b in self._class_b]
+        groups: list[tuple[np.ndarray, list[np.ndarray], int]] = []
+        pending = np.arange(int(c["doc"].size))
         while pending.size:
             returned: list[int] = []
             for chunks, size in _group_chunks(footprint, pending, capacity):
@@ -135,8 +153,8 @@ class GroupedPackedPlan(PackedPlan):
                     sentences = np.concatenate(
                         [np.arange(c["start"][k], c["start"][k] + c["count"][k]) for k in chunks]
                     )
-                    rows = _first_fit_decreasing(
-                        src_len, tgt_len, sentences, L, self.packing.max_row_sentences
+                    rows = first_fit_decreasing(
+                        lengths["src"], lengths["tgt"], sentences, L, self.packing.max_row_sentences
                     )
                     if len(rows) <= self._class_b[size]:
                         break
@@ -152,49 +170,37 @@ class GroupedPackedPlan(PackedPlan):
                             f"the largest grouped batch ({int(self._class_b[-1])} rows); raise "
                             "config.data.batch_src_tokens/batch_tgt_tokens"
                         )
-                self.groups.append((np.asarray(chunks, np.int64), rows, size))
+                groups.append((np.asarray(chunks, np.int64), rows, size))
             pending = np.asarray(sorted(returned), np.int64)
-        self.groups.sort(key=lambda g: int(g[0][0]))  # deterministic, by first chunk id
+        groups.sort(key=lambda g: int(g[0][0]))  # deterministic, by first chunk id
+        return groups
 
-        # Rows (group by group) and the placement table (CSR over rows).
-        rows = [r for _, group_rows, _ in self.groups for r in group_rows]
-        self.num_rows = len(rows)
-        self.row_lengths = (L,)
-        self.row_len = np.full(self.num_rows, L, np.int64)
-        self.item_rows = [np.unique(item_of[r]) for r in rows]
-        self._group_size = np.array([g[2] for g in self.groups], np.int64)
-        self._group_rows = np.array([len(g[1]) for g in self.groups], np.int64)
-        self.batches_per_epoch = len(self.groups)
+    def _grouped_placement(
+        self, rows: list[np.ndarray], layout: ItemLayout, lengths: dict[str, np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The placement table of ``rows`` (sentences end to end in each row; chunks numbered
+        from 1 within their batch) and its CSR row pointers."""
         sentence = np.concatenate(rows) if rows else np.zeros(0, np.int64)
         per_row = np.array([r.size for r in rows], np.int64)
-        self.row_ptr = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)
-        row_of = np.repeat(np.arange(self.num_rows), per_row)
+        row_ptr = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)
+        row_of = np.repeat(np.arange(len(rows)), per_row)
         rank = {}  # chunk -> 1-based number in its batch
         for chunks, _, _ in self.groups:
             rank.update({int(k): i + 1 for i, k in enumerate(chunks)})
-        chunk_number = np.array([rank[int(k)] for k in range(n_items)], np.int64)
+        chunk_number = np.array(
+            [rank[k] for k in range(int(self.chunk_table["doc"].size))], np.int64
+        )
         table = {
             "sentence": sentence,
-            "segment": np.arange(sentence.size) - self.row_ptr[row_of] + 1,
-            "chunk": chunk_number[item_of[sentence]],
-            "sentence_index": slot[sentence],
+            "segment": np.arange(sentence.size) - row_ptr[row_of] + 1,
+            "chunk": chunk_number[layout.item_of[sentence]],
+            "sentence_index": layout.slot[sentence],
         }
-        for side, n in (("src", src_len), ("tgt", tgt_len)):
-            before_in_row = _exclusive_cumsum(n[sentence])
-            table[f"{side}_offset"] = before_in_row - before_in_row[self.row_ptr[row_of]]
-            before = _exclusive_cumsum(n)
-            in_chunk = before - before[c["start"]][item_of] if n_sent else before
-            table[f"{side}_chunk_offset"] = in_chunk[sentence]
-        self.placement = np.stack([table[k] for k in PLACEMENT_COLUMNS], axis=1)
-        real = int(src_len.sum() + tgt_len.sum())
-        slots = 2 * L * int(self._class_b[self._group_size].sum())
-        self.padding_fraction = 1.0 - real / slots if slots else 0.0
-        self.stats = dataclasses.replace(
-            corpus_stats(corpus, n_items),
-            batches_per_epoch=self.batches_per_epoch,
-            padding_fraction=self.padding_fraction,
-        )
-        self._cache = None
+        for side, n in lengths.items():
+            before_in_row = exclusive_cumsum(n[sentence])
+            table[f"{side}_offset"] = before_in_row - before_in_row[row_ptr[row_of]]
+            table[f"{side}_chunk_offset"] = layout.chunk_offset[side][sentence]
+        return np.stack([table[k] for k in PLACEMENT_COLUMNS], axis=1), row_ptr
 
     @property
     def shapes(self) -> frozenset[tuple[int, int]]:
@@ -209,7 +215,7 @@ class GroupedPackedPlan(PackedPlan):
         order = np.arange(len(self.groups))
         if self.config.shuffle:
             order = np.random.default_rng((self.config.seed, e)).permutation(order)
-        first_row = _exclusive_cumsum(self._group_rows)
+        first_row = exclusive_cumsum(self._group_rows)
         parts = []
         for g in order.tolist():
             b, n = int(self._class_b[self._group_size[g]]), int(self._group_rows[g])

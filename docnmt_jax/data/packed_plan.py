@@ -16,9 +16,10 @@ on both sides; a row keeps its items in id order. Epoch ``e`` draws from
 ``np.random.default_rng((seed, e))``: it shuffles the rows of each length, cuts them into
 batches of ``B_i`` rows (the last batch of a length filled with empty rows, -1), and shuffles
 the batch order. Nothing is dropped or promoted, the batches per epoch are constant, and resume
-is ``divmod(step, batches_per_epoch)`` as in :class:`BatchPlan`. Batches are
-:class:`EpochPlan`\\ s whose ids are packed row ids, with ``s = 0`` and ``t = L``;
-:meth:`PackedPlan.materialize` scatters a CSR placement table into the packed features.
+is ``divmod(step, batches_per_epoch)`` as in :class:`~docnmt_jax.data.batch_plan.BatchPlan`.
+Batches are :class:`~docnmt_jax.data.epochs.EpochPlan`\\ s whose ids are packed row ids, with
+``s = 0`` and ``t = L``; :meth:`PackedPlan.materialize` scatters a CSR placement table into the
+packed features.
 """
 
 from __future__ import annotations
@@ -29,20 +30,9 @@ import math
 import numpy as np
 
 from docnmt_jax.data import schema
-from docnmt_jax.data.batch_plan import (
-    Batch,
-    EpochIteration,
-    EpochPlan,
-    _segments,
-    check_corpus_config,
-)
-from docnmt_jax.data.tokenized import (
-    PackingConfig,
-    PipelineConfig,
-    TokenizedCorpus,
-    corpus_stats,
-    make_chunks,
-)
+from docnmt_jax.data.epochs import Batch, EpochIteration, EpochPlan, check_corpus_config, segments
+from docnmt_jax.data.spec import PackingConfig, PipelineConfig
+from docnmt_jax.data.tokenized import TokenizedCorpus, corpus_stats, make_chunks
 from docnmt_jax.errors import UserError
 
 # Per placed sentence columns of the placement table (rows of PackedPlan.placement).
@@ -63,11 +53,11 @@ class PackingError(UserError, ValueError):
     traceback)."""
 
 
-def _exclusive_cumsum(x: np.ndarray) -> np.ndarray:
+def exclusive_cumsum(x: np.ndarray) -> np.ndarray:
     return np.cumsum(x) - x
 
 
-def _first_fit_decreasing(
+def first_fit_decreasing(
     need_src: np.ndarray,
     need_tgt: np.ndarray,
     items: np.ndarray,
@@ -105,12 +95,69 @@ def _first_fit_decreasing(
     return [order[by_row[bounds[r] : bounds[r + 1]]] for r in range(n_rows)]
 
 
+SIDES = ("src", "tgt")
+
+
+def side_lengths(corpus: TokenizedCorpus) -> dict[str, np.ndarray]:
+    """Tokens of every sentence (EOS included), int64, per side."""
+    return {"src": corpus.src.lengths.astype(np.int64), "tgt": corpus.tgt.lengths.astype(np.int64)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemLayout:
+    """Where the sentences of the packed items (the chunk table's rows) sit: ``item_of`` and
+    ``slot`` (the item of every sentence and its index there), ``chunk_offset`` (per side,
+    tokens of the item's earlier sentences), ``rel`` (per side, the sentence's first slot
+    relative to its item's start) and ``need`` (per side, each item's footprint)."""
+
+    item_of: np.ndarray
+    slot: np.ndarray
+    chunk_offset: dict[str, np.ndarray]
+    rel: dict[str, np.ndarray]
+    need: dict[str, np.ndarray]
+
+
+def item_layout(
+    chunk_table: dict[str, np.ndarray], lengths: dict[str, np.ndarray], drift: int | None
+) -> ItemLayout:
+    """The :class:`ItemLayout` of the items of ``chunk_table`` (sentence ``lengths`` per side):
+    with ``drift`` None each side contiguous (footprints: the token sums); with an int each
+    sentence starts at ``max(own side's end, other side's end - drift)`` on each side and both
+    sides' footprint is the larger end (module docstring)."""
+    c = chunk_table
+    n_items, n_sent = int(c["doc"].size), int(lengths["src"].size)
+    item_of = np.repeat(np.arange(n_items), c["count"])  # sentences are in chunk order
+    slot = np.arange(n_sent) - c["start"][item_of]
+    chunk_offset = {}
+    for side, n in lengths.items():
+        before = exclusive_cumsum(n)
+        chunk_offset[side] = before - before[c["start"]][item_of] if n_sent else before
+    if drift is None:
+        need = {
+            side: np.bincount(item_of, n, minlength=n_items).astype(np.int64)
+            for side, n in lengths.items()
+        }
+        return ItemLayout(item_of, slot, chunk_offset, dict(chunk_offset), need)
+    rel = {side: np.zeros(n_sent, np.int64) for side in lengths}
+    end_s, end_t = np.zeros(n_items, np.int64), np.zeros(n_items, np.int64)
+    for k in range(int(c["count"].max(initial=0))):
+        at = np.flatnonzero(slot == k)
+        it = item_of[at]
+        o_s = np.maximum(end_s[it], end_t[it] - drift)
+        o_t = np.maximum(end_t[it], end_s[it] - drift)
+        rel["src"][at], rel["tgt"][at] = o_s, o_t
+        end_s[it], end_t[it] = o_s + lengths["src"][at], o_t + lengths["tgt"][at]
+    foot = np.maximum(end_s, end_t)
+    return ItemLayout(item_of, slot, chunk_offset, rel, {"src": foot, "tgt": foot})
+
+
 class PackedPlan(EpochIteration):
     """Deterministic global plan of packed batches over epochs; step ``n`` = the ``n``-th
-    global batch. The same public surface as :class:`BatchPlan`, except that :attr:`shapes` and
-    :attr:`local_shapes` are ``(B, L)`` pairs and :meth:`materialize` returns
-    :data:`schema.PACKED_FEATURES`. ``pad_batch`` and ``sequential_sentences`` do not apply
-    (every epoch pads its last batch per length with empty rows).
+    global batch. The same public surface as :class:`~docnmt_jax.data.batch_plan.BatchPlan`,
+    except that :attr:`shapes` and :attr:`local_shapes` are ``(B, L)`` pairs and
+    :meth:`materialize` returns :data:`schema.PACKED_FEATURES`. ``pad_batch`` and
+    ``sequential_sentences`` do not apply (every epoch pads its last batch per length with
+    empty rows).
 
     Besides: ``chunk_table`` (the items, :func:`make_chunks`), ``item_rows[r]`` (item ids of
     packed row ``r``, ascending), ``num_rows``, ``row_lengths`` (``L_i``), ``row_len`` [rows],
@@ -124,46 +171,44 @@ class PackedPlan(EpochIteration):
         self.corpus = corpus
         self.config = config
         self.packing: PackingConfig = config.packing
-        drift = self.packing.drift
         unit_config = config
         if self.packing.unit == "sentence":
             unit_config = dataclasses.replace(config, sentence_level=True)
         self.chunk_table = make_chunks(corpus, unit_config)
-        c = self.chunk_table
-        n_items, n_sent = int(c["doc"].size), corpus.num_sentences
-        lengths = {
-            "src": corpus.src.lengths.astype(np.int64),
-            "tgt": corpus.tgt.lengths.astype(np.int64),
-        }
-        item_of = np.repeat(np.arange(n_items), c["count"])  # sentences are in chunk order
-        slot = np.arange(n_sent) - c["start"][item_of]
-        chunk_offset = {}
-        for side, n in lengths.items():
-            before = _exclusive_cumsum(n)
-            chunk_offset[side] = before - before[c["start"]][item_of] if n_sent else before
-        # Offsets of each sentence relative to its item's start, and the item footprints.
-        if drift is None:
-            rel = dict(chunk_offset)
-            need = {
-                side: np.bincount(item_of, n, minlength=n_items).astype(np.int64)
-                for side, n in lengths.items()
-            }
-        else:
-            rel = {side: np.zeros(n_sent, np.int64) for side in lengths}
-            end_s, end_t = np.zeros(n_items, np.int64), np.zeros(n_items, np.int64)
-            for k in range(int(c["count"].max(initial=0))):
-                at = np.flatnonzero(slot == k)
-                it = item_of[at]
-                o_s = np.maximum(end_s[it], end_t[it] - drift)
-                o_t = np.maximum(end_t[it], end_s[it] - drift)
-                rel["src"][at], rel["tgt"][at] = o_s, o_t
-                end_s[it], end_t[it] = o_s + lengths["src"][at], o_t + lengths["tgt"][at]
-            foot = np.maximum(end_s, end_t)
-            need = {"src": foot, "tgt": foot}
-        widest = np.maximum(need["src"], need["tgt"])
+        layout = item_layout(self.chunk_table, side_lengths(corpus), self.packing.drift)
         row_lengths = np.asarray(self.packing.row_lengths, np.int64)
+        rows, class_rows = self._pack(layout, row_lengths)
+        self.num_rows = len(rows)
+        self.row_lengths = tuple(int(x) for x in row_lengths)
+        self._class_rows = class_rows
+        self._class_first = exclusive_cumsum(class_rows)
+        self.row_len = np.repeat(row_lengths, class_rows)  # [rows]
+        p = math.lcm(config.process_count, config.batch_multiple)
+        budget = min(config.batch_src_tokens, config.batch_tgt_tokens)
+        self._class_b = np.array([max(p, budget // L // p * p) for L in self.row_lengths])
+        self._class_batches = -(-class_rows // self._class_b)
+        self.batches_per_epoch = int(self._class_batches.sum())
+        self.placement, self.row_ptr = self._placement(rows, layout)
+        self.item_rows = rows
+        real = int(corpus.src.lengths.sum()) + int(corpus.tgt.lengths.sum())
+        slots = 2 * int((self._class_batches * self._class_b * row_lengths).sum())
+        self.padding_fraction = 1.0 - real / slots if slots else 0.0
+        self.stats = dataclasses.replace(
+            corpus_stats(corpus, int(self.chunk_table["doc"].size)),
+            batches_per_epoch=self.batches_per_epoch,
+            padding_fraction=self.padding_fraction,
+        )
+        self._cache: tuple[int, EpochPlan] | None = None
+
+    def _pack(
+        self, layout: ItemLayout, row_lengths: np.ndarray
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        """Rows of every length class, class by class (row ``r`` holds items ``rows[r]``, in id
+        order), and the rows per class: each item in the shortest row length that holds it."""
+        need = layout.need
+        widest = np.maximum(need["src"], need["tgt"])
         length_class = np.searchsorted(row_lengths, widest)
-        if n_items and length_class.max() >= row_lengths.size:
+        if widest.size and length_class.max() >= row_lengths.size:
             worst = int(np.argmax(widest))
             raise PackingError(
                 f"a packed {self.packing.unit} needs {int(widest[worst])} slots, more than the "
@@ -172,62 +217,49 @@ class PackedPlan(EpochIteration):
                 "config.data.max_src_len/max_tgt_len/max_sentences or raise "
                 "config.data.packed_row_tokens"
             )
-        # Rows of every length class, class by class; row r holds items rows[r] (id order).
         rows: list[np.ndarray] = []
         class_rows = np.zeros(row_lengths.size, np.int64)
         for i, L in enumerate(row_lengths.tolist()):
             items = np.flatnonzero(length_class == i)
             if items.size:
-                packed = _first_fit_decreasing(need["src"], need["tgt"], items, L)
+                packed = first_fit_decreasing(need["src"], need["tgt"], items, L)
                 rows.extend(packed)
                 class_rows[i] = len(packed)
-        self.num_rows = len(rows)
-        self.row_lengths = tuple(int(x) for x in row_lengths)
-        self._class_rows = class_rows
-        self._class_first = _exclusive_cumsum(class_rows)
-        self.row_len = np.repeat(row_lengths, class_rows)  # [rows]
-        p = math.lcm(config.process_count, config.batch_multiple)
-        budget = min(config.batch_src_tokens, config.batch_tgt_tokens)
-        self._class_b = np.array([max(p, budget // L // p * p) for L in self.row_lengths])
-        self._class_batches = -(-class_rows // self._class_b)
-        self.batches_per_epoch = int(self._class_batches.sum())
-        # Placement table (CSR over rows).
+        return rows, class_rows
+
+    def _placement(
+        self, rows: list[np.ndarray], layout: ItemLayout
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The placement table of ``rows`` (columns :data:`PLACEMENT_COLUMNS`) and its CSR row
+        pointers: a row's items end to end in id order, each item's sentences where
+        ``layout.rel`` puts them."""
+        c, n_sent = self.chunk_table, self.corpus.num_sentences
         items_per_row = np.array([r.size for r in rows], np.int64)
         item_order = np.concatenate(rows) if rows else np.zeros(0, np.int64)
-        item_row = np.repeat(np.arange(self.num_rows), items_per_row)
-        first_item = _exclusive_cumsum(items_per_row)
+        item_row = np.repeat(np.arange(len(rows)), items_per_row)
+        first_item = exclusive_cumsum(items_per_row)
         item_rank = np.arange(item_order.size) - first_item[item_row]  # 0-based in its row
         item_start = {}
-        for side in lengths:
-            before = _exclusive_cumsum(need[side][item_order])
+        for side in SIDES:
+            before = exclusive_cumsum(layout.need[side][item_order])
             item_start[side] = before - before[first_item][item_row] if before.size else before
         counts = c["count"][item_order]
-        sentence = _segments(np.arange(n_sent), c["start"][item_order], counts)
+        sentence = segments(np.arange(n_sent), c["start"][item_order], counts)
         placed_item = np.repeat(np.arange(item_order.size), counts)  # index into item_order
         row_of_sentence = item_row[placed_item]
-        sentences_per_row = np.bincount(row_of_sentence, minlength=self.num_rows)
-        self.row_ptr = np.concatenate([[0], np.cumsum(sentences_per_row)]).astype(np.int64)
+        sentences_per_row = np.bincount(row_of_sentence, minlength=len(rows))
+        row_ptr = np.concatenate([[0], np.cumsum(sentences_per_row)]).astype(np.int64)
         table = {
             "sentence": sentence,
-            "src_offset": item_start["src"][placed_item] + rel["src"][sentence],
-            "tgt_offset": item_start["tgt"][placed_item] + rel["tgt"][sentence],
-            "segment": np.arange(sentence.size) - self.row_ptr[row_of_sentence] + 1,
+            "src_offset": item_start["src"][placed_item] + layout.rel["src"][sentence],
+            "tgt_offset": item_start["tgt"][placed_item] + layout.rel["tgt"][sentence],
+            "segment": np.arange(sentence.size) - row_ptr[row_of_sentence] + 1,
             "chunk": item_rank[placed_item] + 1,
-            "sentence_index": slot[sentence],
-            "src_chunk_offset": chunk_offset["src"][sentence],
-            "tgt_chunk_offset": chunk_offset["tgt"][sentence],
+            "sentence_index": layout.slot[sentence],
+            "src_chunk_offset": layout.chunk_offset["src"][sentence],
+            "tgt_chunk_offset": layout.chunk_offset["tgt"][sentence],
         }
-        self.placement = np.stack([table[k] for k in PLACEMENT_COLUMNS], axis=1)
-        self.item_rows = rows
-        real = int(lengths["src"].sum() + lengths["tgt"].sum())
-        slots = 2 * int((self._class_batches * self._class_b * row_lengths).sum())
-        self.padding_fraction = 1.0 - real / slots if slots else 0.0
-        self.stats = dataclasses.replace(
-            corpus_stats(corpus, n_items),
-            batches_per_epoch=self.batches_per_epoch,
-            padding_fraction=self.padding_fraction,
-        )
-        self._cache: tuple[int, EpochPlan] | None = None
+        return np.stack([table[k] for k in PLACEMENT_COLUMNS], axis=1), row_ptr
 
     # -- geometry -------------------------------------------------------------------------------
 
@@ -261,7 +293,7 @@ class PackedPlan(EpochIteration):
         sizes = self._class_b[length_class]
         if cfg.shuffle:
             perm = rng.permutation(length_class.size)
-            ids = _segments(ids, _exclusive_cumsum(sizes)[perm], sizes[perm])
+            ids = segments(ids, exclusive_cumsum(sizes)[perm], sizes[perm])
             length_class, sizes = length_class[perm], sizes[perm]
         t = np.asarray(self.row_lengths, np.int32)[length_class]
         plan = EpochPlan(ids, sizes.astype(np.int32), np.zeros_like(t), t)
@@ -280,14 +312,14 @@ class PackedPlan(EpochIteration):
             raise ValueError(f"rows of length {self.row_len[ids[real]].max()} asked in {t} slots")
         first = np.where(real, self.row_ptr[np.maximum(ids, 0)], 0)
         count = np.where(real, self.row_ptr[np.maximum(ids, 0) + 1] - first, 0)
-        place = self.placement[_segments(np.arange(self.placement.shape[0]), first, count)]
+        place = self.placement[segments(np.arange(self.placement.shape[0]), first, count)]
         batch_row = np.repeat(np.arange(ids.size), count)
         cols = dict(zip(PLACEMENT_COLUMNS, place.T, strict=True))
         out: Batch = {}
         for side, tokenized in (("src", self.corpus.src), ("tgt", self.corpus.tgt)):
             n = tokenized.lengths[cols["sentence"]].astype(np.int64)
             which = np.repeat(np.arange(n.size), n)  # placed sentence of every token
-            i = np.arange(int(n.sum())) - _exclusive_cumsum(n)[which]
+            i = np.arange(int(n.sum())) - exclusive_cumsum(n)[which]
             flat = batch_row[which] * t + cols[f"{side}_offset"][which] + i
             values = {
                 side: tokenized.tokens[tokenized.offsets[cols["sentence"]][which] + i],

@@ -8,7 +8,8 @@ Stages (each usable on its own; this module re-exports the entry points of the f
    ``PipelineConfig.on_long`` says (counted in the stats). Tokens are kept flat: one int32 array
    per side plus per-sentence offsets/lengths, so batch materialisation is a pair of vectorised
    gathers.
-2. :func:`plan_batches` (:mod:`docnmt_jax.data.batch_plan`) cuts documents into consecutive
+2. :func:`plan_batches` (:mod:`docnmt_jax.data.builder`, the grid's
+   :mod:`~docnmt_jax.data.batch_plan`) cuts documents into consecutive
    chunks of at most ``S`` sentences (sentences ``0..S-1``, ``S..2S-1``, ...; one chunk per
    sentence in ``sentence_level`` mode), assigns each chunk a bucket ``(S_bucket, T_bucket)``
    (``T`` shared by source and target) and builds the deterministic global batch plan of every
@@ -74,22 +75,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from docnmt_jax.data import schema
-from docnmt_jax.data.batch_plan import (
-    Batch,
-    BatchPlan,
-    EpochPlan,
-    PipelineInput,
-    plan_batches,
-)
+from docnmt_jax.data.batch_plan import BatchPlan
+from docnmt_jax.data.builder import PipelineInput, plan_batches
+from docnmt_jax.data.epochs import Batch, EpochPlan
 from docnmt_jax.data.packed_plan import PackedPlan
-from docnmt_jax.data.tokenized import (
-    Encode,
-    PackingConfig,
-    PipelineConfig,
-    PipelineStats,
-    TokenizedCorpus,
-    tokenize_corpus,
-)
+from docnmt_jax.data.spec import PackingConfig, PipelineConfig
+from docnmt_jax.data.tokenized import Encode, PipelineStats, TokenizedCorpus, tokenize_corpus
 from docnmt_jax.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -1,6 +1,7 @@
-"""Stage 1 of the document pipeline (:mod:`docnmt_jax.data.pipeline`): its configuration, the
-tokenised corpus (flat int32 token arrays with per-sentence offsets, EOS appended) and the chunk
-table that cuts its documents into runs of at most ``S`` sentences.
+"""Stage 1 of the document pipeline (:mod:`docnmt_jax.data.pipeline`): the tokenised corpus
+(flat int32 token arrays with per-sentence offsets, EOS appended) and the chunk table that cuts
+its documents into runs of at most ``S`` sentences; the settings are a
+:class:`~docnmt_jax.data.spec.PipelineConfig`.
 
 A sentence longer than ``max_src_len`` / ``max_tgt_len`` (EOS included) is handled as
 ``PipelineConfig.on_long`` says (training: ``config.data.on_long``, default ``error``):
@@ -20,194 +21,22 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from docnmt_jax.data.documents import Document
+from docnmt_jax.data.spec import PipelineConfig
 from docnmt_jax.data.tokenizer import EOS_ID
-from docnmt_jax.errors import ConfigError, TextTooLongError
+from docnmt_jax.errors import TextTooLongError
 
 Encode = Callable[[Sequence[str]], list[list[int]]]
 
 logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
-# Configuration and statistics.
-
-
-PACKING_UNITS: tuple[str, ...] = ("sentence", "chunk", "grouped")
-
-#: What :func:`tokenize_corpus` does with a sentence longer than the limit (module docstring).
-ON_LONG: tuple[str, ...] = ("error", "skip", "truncate")
-
-
-def check_on_long(value: str, key: str = "config.data.on_long") -> str:
-    """``value`` if it is one of :data:`ON_LONG`, else a one-line :class:`ConfigError`."""
-    if value not in ON_LONG:
-        raise ConfigError(f"{key} must be one of {', '.join(ON_LONG)}; got {value!r}")
-    return value
-
-
-@dataclasses.dataclass(frozen=True)
-class PackingConfig:
-    """Packed rows (docs/design/packing_plan.md §2.1): the items are sentences or chunks
-    (``unit``), packed into rows of ``row_tokens * 2**i`` slots for ``i < max_shapes``;
-    ``drift`` None keeps each side contiguous over the row, an int aligns each chunk's start on
-    both sides and keeps a sentence's source and target offsets within ``drift`` slots.
-
-    ``unit="grouped"`` (:class:`~docnmt_jax.data.packed_plan.GroupedPackedPlan`): sentences in
-    rows of ``row_tokens`` slots, each chunk (a whole document with
-    ``PipelineConfig.whole_documents``) whole within one batch of ``B * 2**i`` rows, so that a
-    model can attend across the rows of a batch to its document's other sentences; a row
-    holds at most ``max_row_sentences`` sentences (the model's static sentence slots)."""
-
-    unit: str = "sentence"
-    row_tokens: int = 128
-    drift: int | None = None
-    max_shapes: int = 4
-    max_row_sentences: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.unit not in PACKING_UNITS:
-            raise ValueError(f"PackingConfig.unit must be in {PACKING_UNITS}, got {self.unit!r}")
-        if self.row_tokens < 1:
-            raise ValueError(f"PackingConfig.row_tokens must be >= 1, got {self.row_tokens}")
-        if self.drift is not None and self.drift < 0:
-            raise ValueError(f"PackingConfig.drift must be >= 0 or None, got {self.drift}")
-        if self.max_shapes < 1:
-            raise ValueError(f"PackingConfig.max_shapes must be >= 1, got {self.max_shapes}")
-        if self.max_row_sentences is not None and self.max_row_sentences < 1:
-            raise ValueError(
-                "PackingConfig.max_row_sentences must be >= 1 or None, got "
-                f"{self.max_row_sentences}"
-            )
-        if self.unit == "grouped" and self.drift is not None:
-            raise ValueError("PackingConfig(unit='grouped') keeps each side contiguous: drift=None")
-
-    @property
-    def row_lengths(self) -> tuple[int, ...]:
-        """Row lengths ``L_i = row_tokens * 2**i``, ``i < max_shapes``."""
-        return tuple(self.row_tokens * 2**i for i in range(self.max_shapes))
-
-
-@dataclasses.dataclass(frozen=True)
-class PipelineConfig:
-    """Chunking, bucketing, batching and ordering of the document pipeline, and the optional
-    source context window of grid batches (``context_sentences``).
-
-    ``whole_documents``: every chunk is a whole document, however long (models whose context
-    is the whole document, HM-GDC); the sentence buckets then continue above
-    ``max_sentences`` by factors of about 1.5 up to the corpus's longest document
-    (:meth:`s_buckets_for`)."""
-
-    max_sentences: int = 20
-    max_src_len: int = 128
-    max_tgt_len: int = 128
-    batch_src_tokens: int = 2048
-    batch_tgt_tokens: int = 2048
-    sentence_level: bool = False
-    length_buckets: tuple[int, ...] = (8, 16, 32, 64, 128)
-    sentence_buckets: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 20)
-    shuffle: bool = True
-    seed: int = 0
-    num_epochs: int | None = None
-    process_index: int = 0
-    process_count: int = 1
-    pad_batch: bool = False
-    batch_multiple: int = 1
-    # The consumer works on one sentence of every chunk at a time (FINAL's decoding, sentence
-    # after sentence): the token budget counts one sentence per chunk, ``B = budget // t``.
-    sequential_sentences: bool = False
-    # Packed rows instead of the [B, S, T] grid (None: the grid).
-    packing: PackingConfig | None = None
-    # K: grid batches also carry the K source sentences before each chunk (``context_src``,
-    # ``context_src_mask`` [B, K, T], schema.CONTEXT_FEATURE_AXES) and T covers them too.
-    context_sentences: int = 0
-    # Chunks are whole documents (the grid, or packing unit "grouped"; not sentence_level).
-    whole_documents: bool = False
-    # A sentence longer than max_src_len/max_tgt_len: error | skip | truncate (module doc).
-    on_long: str = "truncate"
-
-    def __post_init__(self) -> None:
-        for name in (
-            "max_sentences",
-            "max_src_len",
-            "max_tgt_len",
-            "process_count",
-            "batch_multiple",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"PipelineConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("batch_src_tokens", "batch_tgt_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"PipelineConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.process_index < self.process_count:
-            raise ValueError(f"process_index {self.process_index} not in [0, {self.process_count})")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
-        if self.num_epochs is not None and self.num_epochs < 0:
-            raise ValueError(f"num_epochs must be >= 0 or None, got {self.num_epochs}")
-        if any(b < 1 for b in self.length_buckets + self.sentence_buckets):
-            raise ValueError("bucket boundaries must be >= 1")
-        if self.context_sentences < 0:
-            raise ValueError(
-                f"PipelineConfig.context_sentences must be >= 0, got {self.context_sentences}"
-            )
-        check_on_long(self.on_long, "PipelineConfig.on_long")
-        if self.context_sentences and self.packing is not None:
-            raise ValueError(
-                "PipelineConfig.context_sentences needs the [B, S, T] grid: set packing=None"
-            )
-        grouped = self.packing is not None and self.packing.unit == "grouped"
-        if self.whole_documents and (
-            (self.packing is not None and not grouped) or self.sentence_level
-        ):
-            raise ValueError(
-                "PipelineConfig.whole_documents needs document chunks on the [B, S, T] grid or "
-                "in grouped packing: set packing=None or PackingConfig(unit='grouped'), and "
-                "sentence_level=False"
-            )
-
-    @property
-    def sentences_per_chunk(self) -> int:
-        """``S`` of the largest chunk: 1 in sentence-level mode."""
-        return 1 if self.sentence_level else self.max_sentences
-
-    @property
-    def s_buckets(self) -> tuple[int, ...]:
-        """Sentence buckets clipped to (and always including) ``sentences_per_chunk``."""
-        return _clip_buckets(self.sentence_buckets, self.sentences_per_chunk)
-
-    def s_buckets_for(self, longest_document: int) -> tuple[int, ...]:
-        """The sentence buckets of a corpus whose longest document has ``longest_document``
-        sentences: :attr:`s_buckets`, or with ``whole_documents`` those continued above
-        ``max_sentences`` by steps of about 1.5x (multiples of 4) up to the longest document,
-        itself always a bucket."""
-        if not self.whole_documents:
-            return self.s_buckets
-        buckets = list(self.s_buckets)
-        while buckets[-1] < longest_document:
-            buckets.append(min(4 * math.ceil(1.5 * buckets[-1] / 4), longest_document))
-        return tuple(buckets)
-
-    @property
-    def t_buckets(self) -> tuple[int, ...]:
-        """Length buckets clipped to (and always including) the larger max length."""
-        return _clip_buckets(self.length_buckets, max(self.max_src_len, self.max_tgt_len))
-
-    def batch_size(self, s: int, t: int) -> int:
-        """Global rows ``B`` of a batch of bucket ``(s, t)``."""
-        slots = t if self.sequential_sentences else s * t
-        b = max(1, min(self.batch_src_tokens, self.batch_tgt_tokens) // slots)
-        p = math.lcm(self.process_count, self.batch_multiple)
-        return max(p, b // p * p)
-
-
-def _clip_buckets(buckets: Sequence[int], maximum: int) -> tuple[int, ...]:
-    return tuple(sorted({min(int(b), maximum) for b in buckets} | {maximum}))
+# Statistics.
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,8 +45,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from docnmt_jax import parallel
+from docnmt_jax.data import builder, readers
 from docnmt_jax.data import pipeline as pipeline_lib
-from docnmt_jax.data import readers
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.tokenized import LongSentencesError, TokenizedCorpus
 from docnmt_jax.data.tokenizer import PAD_ID, Tokenizer
@@ -190,23 +190,21 @@ class Translator:
         self.mesh = mesh
         self.source_file: str | None = None
         self.max_source_tokens = max_source_tokens
-        self.pipeline_config = pipeline_lib.PipelineConfig(
+        settings = pipeline_lib.PipelineConfig(
             max_sentences=max_sentences,
             max_src_len=max_src_len,
             max_tgt_len=1,
             batch_src_tokens=batch_tokens,
             batch_tgt_tokens=batch_tokens,
-            sentence_level=model.layout.sentence_level,
             shuffle=False,
             num_epochs=1,
             pad_batch=True,
-            # A model that searches a chunk's sentences one after another (FINAL's memory) gets
-            # as many chunks as a sentence model gets sentences: same rows per search step.
-            sequential_sentences=model.layout.sequential,
-            context_sentences=model.context_sentences,
-            whole_documents=model.whole_documents,
             batch_multiple=mesh.batch_shards if mesh is not None else 1,
         )
+        # The model's rows, window and whole documents; a model that searches a chunk's
+        # sentences one after another (FINAL's memory) gets as many chunks as a sentence model
+        # gets sentences: same rows per search step.
+        self.pipeline_config = builder.pipeline_config(model.data_spec(), settings, decoding=True)
         self.stats = TranslationStats(default_source_len=max_src_len, output_cap=search.max_len)
         self._search = compile_translate(model, search, mesh)
         self._grown_searches: dict[int, TranslateFn] = {}

@@ -43,6 +43,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from docnmt_jax.data import builder
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.documents import Document
 from docnmt_jax.errors import InputMismatchError
@@ -104,7 +105,7 @@ def context_plan(model: Model, max_sentences: int, k: int) -> ContextPlan:
     if k < 0:
         raise InputMismatchError(f"context size must be >= 0, got {k}")
     K = model.context_sentences
-    if model.layout.sentence_level and K == 0:
+    if not model.uses_context:
         note = f"model {model.name!r} translates sentences alone: no context, a flat curve"
         return ContextPlan(False, k, None, None, note)
     if K > 0 and k >= K:
@@ -367,17 +368,15 @@ def chunk_batches(
     document: Document,
 ) -> list[dict[str, np.ndarray]]:
     """The grid rows ``[1, S, T]`` of ``document``'s chunks as ``config``'s pipeline cuts
-    them, laid out as chunks (``sentence_level`` off, one chunk per search step), in order."""
+    them with ``model``'s window and whole documents (the data builder's decoding config),
+    laid out as chunks (``sentence_level`` off, one chunk per search step), in order."""
     config = dataclasses.replace(
-        config,
+        builder.pipeline_config(model.data_spec(), config, decoding=True),
         sentence_level=False,
         sequential_sentences=False,
-        context_sentences=model.context_sentences,
-        whole_documents=model.whole_documents,
         shuffle=False,
         num_epochs=1,
         pad_batch=True,
-        packing=None,
     )
     plan = pipeline_lib.plan_batches([document], encode, config)
     rows = []

@@ -64,6 +64,7 @@ from docnmt_jax.decoding.translator import Translator
 from docnmt_jax.errors import UserError
 from docnmt_jax.files import atomic_open
 from docnmt_jax.models.base import Model
+from docnmt_jax.models.context_rotation import take_columns
 
 #: Derangements drawn per random-context draw; the one with the most foreign sentences is kept.
 DRAW_ATTEMPTS = 8
@@ -159,7 +160,7 @@ def random_context_corpus(
         order = np.asarray(jax.random.permutation(key_order, len(rows)))  # no neighbour bias
         origin, _ = derangement(jnp.asarray(real[order]), jnp.asarray(ident[order]), key_draw)
         origin = order[np.asarray(origin)]  # source rows, in the original numbering
-        new_cells = cells[origin, np.arange(width)[None, :]]  # [rows in drawn order, width, 2]
+        new_cells = take_columns(cells, origin)  # [rows in drawn order, width, 2]
         docs_here = np.where(real[order], new_cells[..., 0], -1)
         # foreign: no sentence it reads in its new row is of its own document
         same = docs_here[:, :, None] == docs_here[:, None, :]  # [row, sentence, other cell]
@@ -361,7 +362,7 @@ def random_chunks(model: Model, max_sentences: int) -> int | None:
     context). Raises :class:`ContextUsageError` for a model without context."""
     if model.whole_documents:
         return None
-    if model.layout.sentence_level and model.context_sentences == 0:
+    if not model.uses_context:
         raise ContextUsageError(
             f"model {model.name!r} translates sentences alone: it has no context to replace"
         )

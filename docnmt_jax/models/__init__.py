@@ -7,7 +7,8 @@ baseline, ``concat.py``), ``doct`` (DocT of Zhang et al. 2018, ``doct.py``), ``h
 of Tan et al. 2019, ``hmgdc.py``), ``rnnsearch`` and ``rnnsearch_hmgdc`` (RNNSearch and HM-GDC
 in its encoder, Tan et al. 2019 Table 1, ``rnnsearch.py`` and ``hmgdc_rnn.py``, the recurrent
 blocks in ``rnn_layers.py``), ``jean_cho`` (the larger-context Transformer of Jean & Cho 2019,
-``jean_cho.py``).
+``jean_cho.py``; it and DocT share the window-context base of ``window.py``). Random contexts
+for every model are ``context_rotation.py``.
 A new model is one module with a ``@register("name", config=..., flops=...)`` class that
 implements the capabilities of the model contract it needs (:mod:`.contract`); nothing else in
 the package changes (docs/design.md, "Adding a model").

@@ -7,6 +7,11 @@ launch scripts call on a model, split by capability -- is :mod:`docnmt_jax.model
 :class:`BaseModel` subclass registered with :func:`register`; a model may also implement
 only the capabilities it needs without this base class.
 
+``data_spec()`` declares a model's data needs once (:class:`~docnmt_jax.data.spec.DataSpec`:
+rows, context, window, packing, limits), which the data builder (:mod:`docnmt_jax.data.builder`)
+turns into pipeline configs; ``context_sentences``, ``whole_documents``, ``uses_context``,
+``packing()`` and ``check_data(config)`` read it.
+
 :class:`BaseModel` provides ``init``, the train/eval flax modules (``deterministic`` False /
 True), the forward pass, ``loss``, ``token_scores`` and ``score`` through one hook,
 :meth:`BaseModel.rows`: the module's ``(src, src_mask, tgt, tgt_mask)`` inputs built from a
@@ -34,10 +39,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from docnmt_jax.data.spec import DataSpec
 from docnmt_jax.errors import CapabilityError
 from docnmt_jax.errors import ModelError as ModelError
 from docnmt_jax.flops import BatchShape, Terms
 from docnmt_jax.models import losses
+from docnmt_jax.models.context_rotation import random_context_batch
 from docnmt_jax.models.contract import BatchLayout as BatchLayout
 from docnmt_jax.models.contract import Metric as Metric
 from docnmt_jax.models.contract import Metrics as Metrics
@@ -45,7 +52,7 @@ from docnmt_jax.models.contract import Model as Model
 from docnmt_jax.models.contract import reduce_metrics as reduce_metrics
 
 if TYPE_CHECKING:
-    from docnmt_jax.data.tokenized import PackingConfig, PipelineConfig
+    from docnmt_jax.data.spec import PackingConfig, PipelineConfig
 
 Array = jax.Array
 PyTree = Any
@@ -109,11 +116,19 @@ class BaseModel:
         the module as a keyword input (:func:`module_options`)."""
         return {key: batch[key] for key in ("src", "src_mask", "tgt", "tgt_mask")}
 
+    def data_spec(self) -> DataSpec:
+        """The model's data needs (:class:`~docnmt_jax.data.spec.DataSpec`); default: rows as
+        :attr:`layout` says, each sentence alone (sentence rows) or reading its chunk, the
+        ``[B, S, T]`` grid only, no limits."""
+        sentences = self.layout.sentence_level
+        return DataSpec(rows=self.layout.value, context="none" if sentences else "chunk")
+
     def packing(self) -> PackingConfig | None:
         """How the trainer packs this model's training and dev batches
-        (:class:`~docnmt_jax.data.tokenized.PackingConfig`), or None for the ``[B, S, T]``
-        grid. Decoding, :meth:`score` and :meth:`with_random_context` use the grid."""
-        return None
+        (:class:`~docnmt_jax.data.spec.PackingConfig`, :meth:`data_spec`), or None for the
+        ``[B, S, T]`` grid. Decoding, :meth:`score` and :meth:`with_random_context` use the
+        grid."""
+        return self.data_spec().packing
 
     # Pretrain-then-finetune (:mod:`docnmt_jax.training.param_mapping`) -------------------
 
@@ -132,18 +147,27 @@ class BaseModel:
     @property
     def context_sentences(self) -> int:
         """How many source sentences before every chunk (same document) the pipeline must add
-        as ``context_src`` (``PipelineConfig.context_sentences``); default 0."""
-        return 0
+        as ``context_src`` (``PipelineConfig.context_sentences``, :meth:`data_spec`)."""
+        return self.data_spec().context_sentences
 
     @property
     def whole_documents(self) -> bool:
-        """Whether every chunk must be a whole document (``PipelineConfig.whole_documents``);
-        default False: chunks of at most ``data.max_sentences`` sentences."""
-        return False
+        """Whether every chunk must be a whole document (``PipelineConfig.whole_documents``,
+        :meth:`data_spec`); False: chunks of at most ``data.max_sentences`` sentences."""
+        return self.data_spec().whole_documents
+
+    @property
+    def uses_context(self) -> bool:
+        """Whether a sentence's translation reads anything but the sentence (:meth:`data_spec`):
+        False for a sentence model."""
+        return self.data_spec().uses_context
 
     def check_data(self, config: PipelineConfig) -> None:
         """Raises :class:`ModelError` (naming the config keys) when batches of the pipeline
-        ``config`` break an assumption of the model; default: none."""
+        ``config`` break a limit of :meth:`data_spec`."""
+        problem = self.data_spec().limits.violation(config)
+        if problem is not None:
+            raise ModelError(problem)
 
     def max_source_len(self, sentences_per_chunk: int) -> int | None:
         """The longest source sentence (tokens, EOS included) the model can translate in
@@ -213,8 +237,11 @@ class BaseModel:
         return per_row.reshape(batch["src"].shape[:2])
 
     def with_random_context(self, batch: Batch, rng: Array) -> Batch:
+        """Every sentence with its context (its chunk's other sentences and its window) taken
+        from other rows (:func:`~.context_rotation.random_context_batch`); a model that reads
+        no context raises :class:`ModelError`."""
         require_grid(batch, "with_random_context")
-        if self.layout.sentence_level:
+        if not self.uses_context:
             raise ModelError(
                 f"model {self.name!r} translates sentences alone: it has no context to replace"
             )
@@ -336,32 +363,6 @@ def sequence_log_likelihood(logits: Array, targets: Array, mask: Array) -> Array
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     token = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
     return jnp.sum(token * mask, axis=-1)
-
-
-def random_context_batch(batch: Batch, rng: Array) -> Batch:
-    """Every sentence with its context taken from other rows (Jean & Cho 2019, Sec. 4.3).
-
-    Sentence slot ``k`` of row ``b`` receives the sentence of slot ``k`` of row
-    ``(b + shift_k) mod B``: each slot's column is rotated by its own random shift, so the
-    sentences that share a row (its context) come from different input rows (different
-    documents, when those rows are) -- distinct shifts for every slot when ``B >= S``. Every
-    sentence keeps its slot and appears exactly once; ``origin_row [B, S]`` says which input
-    row it came from (to compare its score with the true-context score). Row-level features
-    (``doc_index`` ...) stay as they were.
-    """
-    B, S = batch["src"].shape[:2]
-    if B >= S:
-        shifts = jax.random.permutation(rng, B)[:S]
-    else:
-        shifts = jax.random.randint(rng, (S,), 0, B)
-    origin = (jnp.arange(B)[:, None] + shifts[None, :]) % B  # [B, S]
-    slots = jnp.arange(S)[None, :]
-    out = dict(batch)
-    for key, value in batch.items():
-        if value.ndim >= 2 and value.shape[:2] == (B, S):
-            out[key] = value[origin, slots]
-    out["origin_row"] = origin.astype(jnp.int32)
-    return out
 
 
 # ------------------------------------------------------------------------------- registry

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 
 from docnmt_jax import flops
 from docnmt_jax.data.schema import is_packed
-from docnmt_jax.data.tokenized import PackingConfig, PipelineConfig
+from docnmt_jax.data.spec import Bound, DataLimits, DataSpec, PackingConfig
 from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from docnmt_jax.decoding.search import SearchConfig, search_rows, source_length_limits
 from docnmt_jax.models.base import (
@@ -218,26 +218,21 @@ class Doc2DocModel(BaseModel):
                 "config.model.max_len or lower data.max_sentences / max_src_len / max_tgt_len"
             )
 
-    def packing(self) -> PackingConfig:
-        """Whole chunks laid end to end in rows of 1,024 slots (2,048 for the longest)."""
-        return PackingConfig(unit="chunk", row_tokens=1024)
+    def data_spec(self) -> DataSpec:
+        """Chunks, each concatenated into one sequence; packed: whole chunks laid end to end
+        in rows of 1,024 slots (2,048 for the longest), each at most ``max_len`` slots per side
+        (``max_sentences * max_len`` of the data; the grid checks each batch's ``S * T``)."""
+        return DataSpec(
+            rows=self.layout.value,
+            context="concatenated",
+            packing=PackingConfig(unit="chunk", row_tokens=1024),
+            limits=DataLimits(packed_chunk_tokens=Bound(self.config.max_len, "max_len")),
+        )
 
     def max_source_len(self, sentences_per_chunk: int) -> int:
         """A grid chunk of ``S`` sentences of ``T`` slots is packed into ``S * T`` positions,
         which must fit ``max_len``: ``T`` at most ``max_len // sentences_per_chunk``."""
         return max(1, self.config.max_len // sentences_per_chunk)
-
-    def check_data(self, config: PipelineConfig) -> None:
-        """A packed row holds whole chunks of up to ``max_sentences * max_len`` slots per side;
-        that bound must fit ``max_len`` (the grid checks each batch's ``S * T`` instead)."""
-        if config.packing is not None:
-            longest = config.sentences_per_chunk * max(config.max_src_len, config.max_tgt_len)
-            if longest > self.config.max_len:
-                raise ModelError(
-                    f"a chunk of up to {longest} tokens (config.data.max_sentences x "
-                    f"max_src_len/max_tgt_len) > config.model.max_len={self.config.max_len}; "
-                    "raise max_len or lower the data limits"
-                )
 
     def rows(self, batch: dict[str, Array]) -> dict[str, Array]:
         """Packed ``src``/``tgt`` rows ``[B, S*T]`` and their masks; a packed batch keeps

@@ -55,7 +55,7 @@ from flax import struct
 from docnmt_jax.errors import CapabilityError
 
 if TYPE_CHECKING:
-    from docnmt_jax.data.tokenized import PackingConfig, PipelineConfig
+    from docnmt_jax.data.spec import DataSpec, PackingConfig, PipelineConfig
     from docnmt_jax.decoding.beam_search import BeamResult
     from docnmt_jax.decoding.search import SearchConfig
     from docnmt_jax.flops import BatchShape, Terms
@@ -142,6 +142,17 @@ class Core(Protocol):
     def whole_documents(self) -> bool:
         """Whether every pipeline chunk must be a whole document, however long
         (``PipelineConfig.whole_documents``)."""
+        ...
+
+    @property
+    def uses_context(self) -> bool:
+        """Whether the model reads anything beyond the sentence it translates (False: a
+        sentence model; random context and Delta_BLEU do not apply)."""
+        ...
+
+    def data_spec(self) -> DataSpec:
+        """The model's data needs, declared once (rows, context, window, packing, limits);
+        :func:`docnmt_jax.data.builder` turns it with the config into pipeline configs."""
         ...
 
 
@@ -350,9 +361,3 @@ def require(model: Any, capability: type, action: str) -> None:
             f"model {name!r} cannot {action}: it lacks the {capability.__name__} capability "
             f"of docnmt_jax.models.contract ({', '.join(lacking)})"
         )
-
-
-def packing_of(model: Any) -> PackingConfig | None:
-    """The model's packed rows when it has packed training (:class:`PackedTraining`), else
-    None: the ``[B, S, T]`` grid."""
-    return model.packing() if isinstance(model, PackedTraining) else None

@@ -7,9 +7,9 @@ leaves open, each reading below is tested in ``tests/test_doct.py``):
   before sentence ``k`` in its document, concatenated (each with its EOS, which separates them).
   The pipeline gives every chunk the ``k`` sentences before its first one
   (``context_src``, :mod:`docnmt_jax.data.schema`), so a chunk's first sentences get their
-  predecessors from the previous chunk: :func:`context_windows` builds every sentence's window
-  from ``[context_src; src]`` with ``k`` static slices. The context never crosses a document
-  boundary (the pipeline stops at the document's first sentence).
+  predecessors from the previous chunk: :func:`~.window.context_windows` builds every
+  sentence's window from ``[context_src; src]`` with ``k`` static slices. The context never
+  crosses a document boundary (the pipeline stops at the document's first sentence).
 * Context encoder (Eq. 4-9): ``num_context_layers`` (``N_c``) Transformer encoder layers
   (:class:`~.transformer.EncoderLayer`: self-attention, FFN, residual and LayerNorm) over
   ``X_c`` = source embedding (shared with the encoder and decoder) + sinusoidal positions that
@@ -68,18 +68,9 @@ from docnmt_jax.decoding.search import (
     sentence_limits,
 )
 from docnmt_jax.models import layers, transformer
-from docnmt_jax.models.base import (
-    BaseModel,
-    BatchLayout,
-    ModelError,
-    captured_attention,
-    random_context_batch,
-    register,
-    require_context_somewhere,
-    require_grid,
-    sentence_pair_attention,
-)
+from docnmt_jax.models.base import ModelError, register, require_context_somewhere
 from docnmt_jax.models.transformer import Cache, TransformerConfig
+from docnmt_jax.models.window import WindowContextModel
 
 Array = jax.Array
 
@@ -223,8 +214,8 @@ class ContextDecoderLayer(transformer.DecoderLayer):
 
 class DocT(transformer.Transformer):
     """DocT over sentence rows: ``src [N, Ts]`` with each row's context ``[N, Lc]``
-    (:func:`context_windows`) -> logits ``[N, Tt, V]``. Same parameter names as the sentence
-    Transformer for ``theta_s``."""
+    (:func:`~.window.context_windows`) -> logits ``[N, Tt, V]``. Same parameter names as the
+    sentence Transformer for ``theta_s``."""
 
     config: DocTConfig
     encoder_layer_class: ClassVar[type[nn.Module]] = ContextEncoderLayer
@@ -345,85 +336,6 @@ class DocT(transformer.Transformer):
         return self._output(y)[:, 0], new_cache
 
 
-def rows_with_context(batch: dict[str, Array], k: int, what: str) -> dict[str, Array]:
-    """Module inputs of a grid batch: one row per sentence (``src``, ``src_mask``, ``tgt``,
-    ``tgt_mask`` ``[B*S, T]``) and its ``k``-sentence window (``context``, ``context_mask``,
-    :func:`context_windows`); ``what`` names the model in the packed-batch error."""
-    require_grid(batch, what)
-    T = batch["src"].shape[-1]
-    rows = {key: batch[key].reshape(-1, T) for key in ("src", "src_mask", "tgt", "tgt_mask")}
-    rows["context"], rows["context_mask"] = context_windows(batch, k)
-    return rows
-
-
-def context_windows(batch: dict[str, Array], k: int) -> tuple[Array, Array]:
-    """Every sentence's context: the ``k`` source sentences before it in its document,
-    concatenated, ``(ids, mask)`` ``[B*S, k*T]`` from a grid batch ``[B, S, T]``.
-
-    Sentence ``s`` of a chunk reads rows ``s .. s+k-1`` of ``[context_src; src]`` (the
-    pipeline's ``k`` sentences before the chunk, then the chunk): ``k`` static slices, no loop
-    over sentences. A batch without ``context_src`` (built outside the pipeline) gives the
-    chunk's first sentence no context. Empty slots (before the document's start, padding)
-    are all padding, so they drop out of the concatenation.
-    """
-    src, mask = batch["src"], batch["src_mask"]
-    B, S, T = src.shape
-    if "context_src" in batch:
-        before, before_mask = batch["context_src"], batch["context_src_mask"]
-        if before.shape[1] < k or before.shape[2] != T:
-            raise ModelError(
-                f"the batch's context_src {before.shape} holds fewer than "
-                f"config.model.context_sentences={k} sentences of {T} tokens: build the "
-                "batches with PipelineConfig(context_sentences=k) (the model's context_sentences)"
-            )
-        first = before.shape[1] - k
-        before, before_mask = before[:, first:], before_mask[:, first:]
-    else:
-        before = before_mask = jnp.zeros((B, k, T), src.dtype)
-    ids, real = jnp.concatenate([before, src], 1), jnp.concatenate([before_mask, mask], 1)
-    windows = [jnp.stack([x[:, j : j + S] for j in range(k)], axis=2) for x in (ids, real)]
-    return tuple(w.reshape(B * S, k * T) for w in windows)  # type: ignore[return-value]
-
-
-def encode_windows(
-    model: BaseModel, params: Any, batch: dict[str, Array], **apply_kwargs: Any
-) -> Any:
-    """``model.eval_module.encode`` of a window model (DocT, Jean & Cho) on the sentence rows
-    of ``batch`` with their context windows (``model.rows``); ``apply_kwargs`` go to
-    ``apply`` (e.g. ``mutable=["intermediates"]``)."""
-    rows = model.rows(batch)
-    module = model.eval_module
-    return module.apply(
-        {"params": params},
-        rows["src"],
-        rows["src_mask"],
-        rows["context"],
-        rows["context_mask"],
-        method=module.encode,
-        **apply_kwargs,
-    )
-
-
-def window_sentence_attention(
-    weights: Array, src_mask: Array, context_mask: Array, shape: tuple[int, int], k: int
-) -> Array:
-    """Zheng et al. (2020)'s Fig. 4 matrix ``[B, S, S]`` of a window model's context attention
-    ``weights [B*S, H, T, k*T]`` (sentence rows of :func:`rows_with_context`, ``shape = (B,
-    S)``): row ``s`` attends to its window, whose slot ``j`` (tokens ``j*T .. j*T+T-1``) is
-    sentence ``s - k + j`` of the chunk (:func:`context_windows`). Weight on sentences before
-    the chunk (``context_src``) has no column; rows without a context (a document's first
-    sentence: the model skips the attention) are 0."""
-    B, S = shape
-    T = src_mask.shape[-1]
-    row = jnp.tile(jnp.arange(S), B)  # sentence slot of each row
-    present = jnp.any(context_mask > 0, axis=-1)
-    query = jnp.where((src_mask > 0) & present[:, None], row[:, None], -1)
-    key = row[:, None] - k + jnp.arange(k * T)[None, :] // T
-    key = jnp.where((context_mask > 0) & (key >= 0), key, -1)
-    per_row = sentence_pair_attention(weights, query, key, S)  # [B*S, S, S], row s only
-    return per_row.reshape(B, S, S, S).sum(axis=1)
-
-
 def doct_terms(config: DocTConfig, shape: flops.BatchShape) -> flops.Terms:
     """Forward FLOPs of DocT: the sentence Transformer plus, per sentence row, ``N_c`` context
     encoder layers on its ``Lc = k·Ts`` context slots and the context attention
@@ -444,80 +356,29 @@ def doct_terms(config: DocTConfig, shape: flops.BatchShape) -> flops.Terms:
 
 
 @register("doct", config=DocTConfig, flops=doct_terms)
-class DocTModel(BaseModel):
+class DocTModel(WindowContextModel):
     """DocT behind the model interface: chunks in, every sentence translated with its
     ``k`` preceding source sentences, all sentences of a chunk at once."""
 
     module_class = DocT
+    label = "DocT"
+    context_parameters = DOCUMENT_PARAMETERS  # theta_d fresh, theta_s from the Transformer
 
-    def __init__(self, config: DocTConfig, label_smoothing: float = 0.0):
-        super().__init__(config, label_smoothing)
-        self.layout = BatchLayout.SENTENCES if config.sentence_rows else BatchLayout.CHUNKS
-
-    @property
-    def context_sentences(self) -> int:
-        """The pipeline adds the ``k`` source sentences before every chunk."""
-        return self.config.context_sentences
-
-    def rows(self, batch: dict[str, Array]) -> dict[str, Array]:
-        """One row per sentence with its context window (:func:`context_windows`)."""
-        return rows_with_context(batch, self.config.context_sentences, "DocT")
-
-    def transformer_rules(self) -> list[tuple[str, str]]:
-        """``theta_s`` from the sentence Transformer's identical paths; ``theta_d`` fresh."""
-        return [(DOCUMENT_PARAMETERS, "skip"), (r"(.*)", r"\1")]
-
-    def with_random_context(self, batch: dict[str, Array], rng: Array) -> dict[str, Array]:
-        """Every sentence with a context from other rows (Jean & Cho 2019): the chunk and its
-        ``context_src`` are rotated together as one ``[B, K+S]`` sentence grid
-        (:func:`~.base.random_context_batch`), so no sentence keeps a context sentence of its
-        own row when ``B >= K + S``."""
-        require_grid(batch, "with_random_context")
-        if "context_src" not in batch:
-            return random_context_batch(batch, rng)
-        B, S = batch["src"].shape[:2]
-        K = batch["context_src"].shape[1]
-        joined, rotated = {}, []
-        for key, value in batch.items():
-            if key.startswith("context_"):
-                continue
-            if value.ndim >= 2 and value.shape[:2] == (B, S):
-                empty = jnp.zeros((B, K) + value.shape[2:], value.dtype)
-                before = batch.get(f"context_{key}", empty)
-                joined[key] = jnp.concatenate([before, value], 1)
-                rotated.append(key)
-            else:
-                joined[key] = value
-        shuffled = random_context_batch(joined, rng)
-        out = {key: shuffled[key][:, K:] if key in rotated else v for key, v in joined.items()}
-        out["context_src"], out["context_src_mask"] = (
-            shuffled[key][:, :K] for key in ("src", "src_mask")
-        )
-        out["origin_row"] = shuffled["origin_row"][:, K:]
-        return out
+    def window_attention_path(self) -> tuple[str, ...]:
+        """The last encoder layer's context attention (Eq. 12)."""
+        return (f"encoder_layers_{self.config.num_encoder_layers - 1}", "context_attention")
 
     def sentence_attention(self, params: Any, batch: dict[str, Array]) -> Array:
         """Sentence-to-sentence attention ``[B, S, S]`` (Zheng et al. 2020, Fig. 4) of the last
         encoder layer's context attention (Eq. 12) over the ``k`` previous sentences' context
-        states (:func:`window_sentence_attention`): a row sums to 1 over its window inside the
-        chunk, a document's first sentence has none (0). Without ``context_in_encoder``
-        (Table 8's decoder-only row) it raises :class:`ModelError`."""
-        cfg = self.config
-        if not cfg.context_in_encoder:
+        states (:meth:`WindowContextModel.sentence_attention`). Without
+        ``context_in_encoder`` (Table 8's decoder-only row) it raises :class:`ModelError`."""
+        if not self.config.context_in_encoder:
             raise ModelError(
                 f"model {self.name!r} with context_in_encoder=False has no encoder context "
                 "attention: no sentence-to-sentence attention (Fig. 4)"
             )
-        rows = self.rows(batch)
-        path = (f"encoder_layers_{cfg.num_encoder_layers - 1}", "context_attention")
-        _, weights = captured_attention(lambda: encode_windows(self, params, batch), path)
-        return window_sentence_attention(
-            weights,
-            rows["src_mask"],
-            rows["context_mask"],
-            batch["src"].shape[:2],
-            cfg.context_sentences,
-        )
+        return super().sentence_attention(params, batch)
 
     def translate(
         self, params: Any, batch: dict[str, Array], search: SearchConfig

@@ -59,7 +59,7 @@ import jax.numpy as jnp
 
 from docnmt_jax import flops
 from docnmt_jax.data import schema
-from docnmt_jax.data.tokenized import PackingConfig, PipelineConfig
+from docnmt_jax.data.spec import Bound, DataLimits, DataSpec, PackingConfig
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.decoding.beam_search import BeamResult
 from docnmt_jax.decoding.search import (
@@ -381,10 +381,22 @@ class FinalModel(BaseModel):
             }
         return rows
 
-    def packing(self) -> PackingConfig:
-        """Whole chunks in rows of 1024 slots, a sentence's source and target offsets within
-        ``packed_drift`` (the bound the cross-attention windows rely on)."""
-        return PackingConfig(unit="chunk", row_tokens=1024, drift=self.config.packed_drift)
+    def data_spec(self) -> DataSpec:
+        """Chunks (read by the global layer); packed: whole chunks in rows of 1024 slots, a
+        sentence's source and target offsets within ``packed_drift`` (the bound the
+        cross-attention windows rely on). Packed rows are banded for sentences of at most
+        ``max_sentence_len`` tokens and chunks of at most ``max_segments`` sentences: longer
+        ones would lose keys silently."""
+        cfg = self.config
+        return DataSpec(
+            rows=self.layout.value,
+            context="chunk",
+            packing=PackingConfig(unit="chunk", row_tokens=1024, drift=cfg.packed_drift),
+            limits=DataLimits(
+                packed_sentence_tokens=Bound(cfg.max_sentence_len, "max_sentence_len"),
+                chunk_sentences=Bound(cfg.max_segments, "max_segments"),
+            ),
+        )
 
     #: The source side: embeddings, segment table, local layers, global layer (and pre-LN's
     #: final encoder norm).
@@ -394,23 +406,6 @@ class FinalModel(BaseModel):
         """What a sentence Transformer fills in FINAL (Table 4):
         :func:`~.final_layers.transformer_rules`."""
         return transformer_rules(self.config)
-
-    def check_data(self, config: PipelineConfig) -> None:
-        """Packed rows are banded for sentences of at most ``max_sentence_len`` tokens and
-        chunks of at most ``max_segments`` sentences: longer ones would lose keys silently."""
-        cfg = self.config
-        longest = max(config.max_src_len, config.max_tgt_len)
-        if config.packing is not None and longest > cfg.max_sentence_len:
-            raise ModelError(
-                f"config.data.max_src_len/max_tgt_len ({longest}) > "
-                f"config.model.max_sentence_len ({cfg.max_sentence_len}): raise "
-                "max_sentence_len (wider attention windows) or lower the data limits"
-            )
-        if config.sentences_per_chunk > cfg.max_segments:
-            raise ModelError(
-                f"config.data.max_sentences ({config.sentences_per_chunk}) > "
-                f"config.model.max_segments ({cfg.max_segments}): raise max_segments"
-            )
 
     def sentence_attention(self, params: Any, batch: dict[str, Array]) -> Array:
         """Sentence-to-sentence attention of the global layer, ``[B, S, S]`` (Fig. 4): the

@@ -70,7 +70,7 @@ import jax.numpy as jnp
 
 from docnmt_jax import flops
 from docnmt_jax.data.schema import is_packed
-from docnmt_jax.data.tokenized import PackingConfig
+from docnmt_jax.data.spec import DataSpec, PackingConfig
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.decoding.search import (
     SearchConfig,
@@ -456,17 +456,18 @@ class HMGDCModel(BaseModel):
     module_class = HMGDC
     layout = BatchLayout.CHUNKS
 
-    @property
-    def whole_documents(self) -> bool:
-        """With ``document_scope`` every pipeline chunk is a whole document."""
-        return self.config.document_scope
-
-    def packing(self) -> PackingConfig:
-        """Sentences packed into rows of 128 slots, every document (chunk, with the chunk
-        scope) whole within its batch (:class:`~docnmt_jax.data.grouped_plan.
-        GroupedPackedPlan`), at most ``packed_row_sentences`` sentences a row."""
-        return PackingConfig(
-            unit="grouped", row_tokens=128, max_row_sentences=self.config.packed_row_sentences
+    def data_spec(self) -> DataSpec:
+        """Whole documents (with ``document_scope``, else chunks); packed: sentences in rows
+        of 128 slots, every document (chunk, with the chunk scope) whole within its batch
+        (:class:`~docnmt_jax.data.grouped_plan.GroupedPackedPlan`), at most
+        ``packed_row_sentences`` sentences a row."""
+        cfg = self.config
+        return DataSpec(
+            rows=self.layout.value,
+            context="document" if cfg.document_scope else "chunk",
+            packing=PackingConfig(
+                unit="grouped", row_tokens=128, max_row_sentences=cfg.packed_row_sentences
+            ),
         )
 
     def rows(self, batch: dict[str, Array]) -> dict[str, Array]:

@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 
 from docnmt_jax import flops
+from docnmt_jax.data.spec import DataSpec
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.decoding.search import (
     SearchConfig,
@@ -199,17 +200,17 @@ def rnnsearch_hmgdc_terms(config: RNNSearchHMGDCConfig, shape: flops.BatchShape)
 class RNNSearchHMGDCModel(BaseModel):
     """RNNSearch + HM-GDC: chunks in, every sentence translated with the chunk's global
     context, all sentences of a chunk at once. ``with_random_context``: the base class's
-    rotation of sentence slots across rows (:func:`~.base.random_context_batch`)."""
+    rotation of sentence slots across rows (:func:`~.context_rotation.random_context_batch`)."""
 
     module_class = RNNSearchHMGDC
     layout = BatchLayout.CHUNKS
     source_parameters = SOURCE_PARAMETERS
 
-    @property
-    def whole_documents(self) -> bool:
-        """With ``document_scope`` every pipeline chunk is a whole document (global context,
-        as :class:`~.hmgdc.HMGDCModel`)."""
-        return self.config.document_scope
+    def data_spec(self) -> DataSpec:
+        """Whole documents with ``document_scope`` (global context, as
+        :class:`~.hmgdc.HMGDCModel`), else chunks; the grid only."""
+        context = "document" if self.config.document_scope else "chunk"
+        return DataSpec(rows=self.layout.value, context=context)
 
     def rows(self, batch: dict[str, Array]) -> dict[str, Array]:
         require_grid(batch, "RNNSearch HM-GDC")

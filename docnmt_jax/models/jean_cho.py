@@ -11,7 +11,7 @@ open, each tested in ``tests/test_jean_cho.py``:
   its document, concatenated (each with its EOS) into one sequence whose sinusoidal positions
   run over its real tokens ``0..M-1`` (for ``k = 1`` exactly the previous sentence encoded on
   its own). The windows come from the pipeline's ``context_src`` as for DocT
-  (:func:`~.doct.context_windows`); they never cross a document boundary.
+  (:func:`~.window.context_windows`); they never cross a document boundary.
 * ``x_hat_c = Attn(q = x; k, v = c)``: one multi-head attention (``context_attention``), its
   raw output (no residual, no LayerNorm: the gate mixes it with ``x``).
 * ``g = Linear([x; x_hat_c])``: a ``2D -> D`` affine map with bias (``context_gate``), one
@@ -60,9 +60,10 @@ from docnmt_jax.decoding.search import (
     search_decoder,
     sentence_limits,
 )
-from docnmt_jax.models import doct, layers, transformer
-from docnmt_jax.models.base import BaseModel, BatchLayout, captured_attention, register
+from docnmt_jax.models import layers, transformer
+from docnmt_jax.models.base import register
 from docnmt_jax.models.transformer import TransformerConfig
+from docnmt_jax.models.window import WindowContextModel
 
 Array = jax.Array
 
@@ -176,51 +177,19 @@ def jean_cho_terms(config: JeanChoConfig, shape: flops.BatchShape) -> flops.Term
 
 
 @register("jean_cho", config=JeanChoConfig, flops=jean_cho_terms)
-class JeanChoModel(BaseModel):
+class JeanChoModel(WindowContextModel):
     """Jean & Cho's larger-context Transformer behind the model interface: chunks in, every
-    sentence translated with its ``k`` preceding source sentences, all sentences at once."""
+    sentence translated with its ``k`` preceding source sentences, all sentences at once.
+    Random contexts rotate the chunk and its ``context_src`` together (Sec. 4.3, 5), as
+    DocT's (the same context windows)."""
 
     module_class = JeanCho
+    label = "the jean_cho model"
+    context_parameters = CONTEXT_PARAMETERS  # Appendix A's Attn, Linear, FF start fresh
 
-    def __init__(self, config: JeanChoConfig, label_smoothing: float = 0.0):
-        super().__init__(config, label_smoothing)
-        self.layout = BatchLayout.SENTENCES if config.sentence_rows else BatchLayout.CHUNKS
-
-    @property
-    def context_sentences(self) -> int:
-        """The pipeline adds the ``k`` source sentences before every chunk."""
-        return self.config.context_sentences
-
-    def rows(self, batch: dict[str, Array]) -> dict[str, Array]:
-        """One row per sentence with its context window (:func:`~.doct.context_windows`)."""
-        return doct.rows_with_context(batch, self.config.context_sentences, "the jean_cho model")
-
-    def transformer_rules(self) -> list[tuple[str, str]]:
-        """Embedding, encoder and decoder from the sentence Transformer's identical paths;
-        :data:`CONTEXT_PARAMETERS` fresh."""
-        return [(CONTEXT_PARAMETERS, "skip"), (r"(.*)", r"\1")]
-
-    def with_random_context(self, batch: dict[str, Array], rng: Array) -> dict[str, Array]:
-        """Every sentence with context sentences from other rows (Sec. 4.3, 5): the chunk and
-        its ``context_src`` rotated together, as DocT's (the same context windows)."""
-        return doct.DocTModel.with_random_context(self, batch, rng)  # type: ignore[arg-type]
-
-    def sentence_attention(self, params: Any, batch: dict[str, Array]) -> Array:
-        """Sentence-to-sentence attention ``[B, S, S]`` (Zheng et al. 2020, Fig. 4) of
-        ``x_hat_c = Attn(q = x; k, v = c)`` over the ``k`` previous sentences
-        (:func:`~.doct.window_sentence_attention`): a row sums to 1 over its window inside the
-        chunk, a document's first sentence has none (0)."""
-        rows = self.rows(batch)
-        _, weights = captured_attention(
-            lambda: doct.encode_windows(self, params, batch), ("context_attention",)
-        )
-        return doct.window_sentence_attention(
-            weights,
-            rows["src_mask"],
-            rows["context_mask"],
-            batch["src"].shape[:2],
-            self.config.context_sentences,
-        )
+    def window_attention_path(self) -> tuple[str, ...]:
+        """``x_hat_c = Attn(q = x; k, v = c)`` over the ``k`` previous sentences."""
+        return ("context_attention",)
 
     def translate(
         self, params: Any, batch: dict[str, Array], search: SearchConfig

@@ -16,11 +16,12 @@ import jax
 import jax.numpy as jnp
 
 from docnmt_jax import flops
-from docnmt_jax.data.tokenized import PackingConfig
+from docnmt_jax.data.spec import DataSpec, PackingConfig
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.decoding.search import SearchConfig, search_rows, sentence_limits
 from docnmt_jax.models import layers
 from docnmt_jax.models.base import BaseModel, BatchLayout, register
+from docnmt_jax.sizes import TED
 
 Array = jax.Array
 Cache = dict[str, Any]
@@ -32,14 +33,15 @@ Segments = dict[str, Array]
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-    """Hyper-parameters of the sentence Transformer (defaults: Zheng et al.'s TED setting)."""
+    """Hyper-parameters of the sentence Transformer (defaults: Zheng et al.'s TED setting,
+    :data:`docnmt_jax.sizes.TED`)."""
 
     vocab_size: int = 8000
-    d_model: int = 256
-    num_heads: int = 4
-    ffn_dim: int = 512
-    num_encoder_layers: int = 4
-    num_decoder_layers: int = 4
+    d_model: int = TED["d_model"]
+    num_heads: int = TED["num_heads"]
+    ffn_dim: int = TED["ffn_dim"]
+    num_encoder_layers: int = TED["num_encoder_layers"]
+    num_decoder_layers: int = TED["num_decoder_layers"]
     dropout_rate: float = 0.1
     attention_dropout_rate: float = 0.0
     relu_dropout_rate: float = 0.0
@@ -380,9 +382,11 @@ class TransformerModel(BaseModel):
     def rows(self, batch: dict[str, Array]) -> dict[str, Array]:
         return sentence_rows(batch)
 
-    def packing(self) -> PackingConfig:
-        """Several whole sentences per row of 128 slots (flax ``examples/wmt``)."""
-        return PackingConfig(unit="sentence", row_tokens=128)
+    def data_spec(self) -> DataSpec:
+        """Sentences alone (as :attr:`layout` says); packed: several whole sentences per row of
+        128 slots (flax ``examples/wmt``)."""
+        packing = PackingConfig(unit="sentence", row_tokens=128)
+        return dataclasses.replace(super().data_spec(), packing=packing)
 
     def translate(
         self, params: Any, batch: dict[str, Array], search: SearchConfig

@@ -66,6 +66,7 @@ import jax.numpy as jnp
 
 from docnmt_jax.data.schema import dummy_batch
 from docnmt_jax.errors import ModelError
+from docnmt_jax.models.context_rotation import context_grid, rotate_context
 from docnmt_jax.models.contract import Metric, Metrics, RandomContext, Scoring, require
 from docnmt_jax.objectives.base import Objective, ObjectiveError, register_objective
 
@@ -133,33 +134,18 @@ def derangement(real: Array, ident: Array, rng: Array) -> tuple[Array, Array]:
 
 def deranged_batch(batch: dict[str, Array], rng: Array) -> tuple[dict[str, Array], Array]:
     """The grid batch with every sentence given foreign context (``M = 1``, Sec. 5), and
-    ``valid [B, S]`` (:func:`derangement`). Like :func:`~docnmt_jax.models.base.
-    random_context_batch` every ``[B, S, ...]`` feature moves with its sentence (its target
-    too) and keeps its slot; ``context_*`` windows ``[B, K, ...]`` are rotated as columns of
-    one ``[B, K + S]`` grid (as DocT's); row features stay; ``origin_row [B, S]``."""
-    B, S = batch["src"].shape[:2]
-    K = batch["context_src"].shape[1] if "context_src" in batch else 0
-    joined, rotated = {}, []
-    for key, value in batch.items():
-        if key.startswith("context_") or not (value.ndim >= 2 and value.shape[:2] == (B, S)):
-            continue
-        before = batch.get(f"context_{key}", jnp.zeros((B, K) + value.shape[2:], value.dtype))
-        joined[key] = jnp.concatenate([before, value], 1)
-        rotated.append(key)
+    ``valid [B, S]`` (:func:`derangement`): the cells of the ``[B, K + S]`` grid of window and
+    chunk sentences moved by :func:`~docnmt_jax.models.context_rotation.rotate_context` (every
+    ``[B, S, ...]`` feature with its sentence, its target too, keeping its slot; ``context_*``
+    windows as columns of the grid; row features stay; ``origin_row [B, S]``)."""
+    B = batch["src"].shape[0]
+    joined, K = context_grid(batch)
     real = jnp.any(joined["src_mask"] > 0, -1) | jnp.any(joined["tgt_mask"] > 0, -1)
     ident = jnp.arange(B)
     if "doc_index" in batch:  # chunks of one document count as one (-1: padding rows)
         ident = jnp.where(batch["doc_index"] >= 0, batch["doc_index"], -1 - jnp.arange(B))
     origin, valid = derangement(real, ident, rng)
-    out = dict(batch)
-    columns = jnp.arange(K + S)[None, :]
-    for key in rotated:
-        moved = joined[key][origin, columns]
-        out[key] = moved[:, K:]
-        if f"context_{key}" in batch:
-            out[f"context_{key}"] = moved[:, :K]
-    out["origin_row"] = origin[:, K:]
-    return out, valid[:, K:]
+    return rotate_context(batch, origin), valid[:, K:]
 
 
 def check_random_context(model: Any, objective: str) -> None:

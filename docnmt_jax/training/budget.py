@@ -52,27 +52,18 @@ def resize_model(config: ml_collections.ConfigDict, sizes: Sequence[tuple[str, A
 
 def tokens_per_step(config: ml_collections.ConfigDict, tokenizer: Any) -> tuple[float, int]:
     """Mean real target tokens of one training step of ``config`` over an epoch of its own
-    batch plan (its packing or grid, its padding excluded), and the epoch's target tokens."""
-    from docnmt_jax.data import pipeline as pipeline_lib
+    batch plan (the trainer's, :func:`~docnmt_jax.training.data_setup.plan_batches`: its
+    packing or grid, its limits checked, its padding excluded), and the epoch's target
+    tokens."""
     from docnmt_jax.models import build_model
-    from docnmt_jax.models.contract import packing_of
     from docnmt_jax.objectives import build_objective
     from docnmt_jax.training import data_setup
 
     model = build_model(config.model, tokenizer.vocab_size)
     objective = build_objective(config.get("objective", {}), model)
-    packed = config.data.get("packed", True) and not objective.needs_grid
-    cfg = data_setup.pipeline_config(
-        config.data,
-        config.train.seed,
-        True,
-        model.layout.sentence_level,
-        packing=packing_of(model) if packed else None,
-        context_sentences=model.context_sentences,
-        whole_documents=model.whole_documents,
-    )
+    packed = data_setup.trains_packed(config, objective.needs_grid)
     docs = data_setup.load_documents(config.data, "train", config.train.seed)
-    plan = pipeline_lib.plan_batches(docs, tokenizer.encode_batch, cfg)
+    plan = data_setup.plan_batches(config, model, 1, packed, tokenizer.encode_batch, docs, True)
     return plan.stats.tgt_tokens / max(plan.stats.batches_per_epoch, 1), plan.stats.tgt_tokens
 
 

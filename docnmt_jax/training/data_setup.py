@@ -3,13 +3,14 @@
 Training documents come from ``data.train``/``data.dev``, the prepared corpus in
 ``data.data_dir``, or a mix of corpora (:mod:`docnmt_jax.data.corpus_mix`); the tokenizer is
 ``data.tokenizer``, the ``init_from`` run's, or one trained on the training documents; the
-pipeline settings (:class:`~docnmt_jax.data.pipeline.PipelineConfig`) follow the model's layout,
-packing and context window and the mesh's data-parallel size.
+pipeline settings (:func:`data_settings`: lengths, budgets, order, the mesh's data-parallel
+size) and the model's data needs (:meth:`~docnmt_jax.models.base.BaseModel.data_spec`) become
+the batch plans through the data builder (:func:`plan_batches`,
+:func:`docnmt_jax.data.builder.build_plan`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import shutil
@@ -19,10 +20,10 @@ import ml_collections
 from absl import logging
 from jax.experimental import multihost_utils
 
-from docnmt_jax.data import corpus_mix, readers
+from docnmt_jax.data import builder, corpus_mix, readers
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.documents import Document
-from docnmt_jax.data.tokenized import PackingConfig, check_on_long
+from docnmt_jax.data.spec import PipelineConfig, check_on_long
 from docnmt_jax.data.tokenizer import Tokenizer, get_or_train_tokenizer, load_tokenizer
 from docnmt_jax.errors import ConfigError, RunNotFoundError
 from docnmt_jax.models import Model
@@ -81,36 +82,20 @@ PACKING_WORDS = {
 }
 
 
-def pipeline_config(
-    data_cfg: ml_collections.ConfigDict,
-    seed: int,
-    train: bool,
-    sentence_level: bool,
-    batch_multiple: int = 1,
-    packing: PackingConfig | None = None,
-    context_sentences: int = 0,
-    whole_documents: bool = False,
-) -> pipeline_lib.PipelineConfig:
-    """The pipeline settings for training (shuffled, endless) or evaluation (one padded pass);
-    ``sentence_level`` from the model's layout; batch rows are a multiple of
-    ``batch_multiple`` (the mesh's data-parallel size); ``packing`` the model's packed rows
-    (:meth:`~docnmt_jax.models.base.BaseModel.packing`), with ``data.packed_row_tokens`` (when
-    > 0) as the shortest row length, or None for the ``[B, S, T]`` grid;
-    ``context_sentences`` the model's context window
-    (:attr:`~docnmt_jax.models.base.BaseModel.context_sentences`); ``whole_documents``
-    whether chunks are whole documents (the model's
-    :attr:`~docnmt_jax.models.base.BaseModel.whole_documents`)."""
+def data_settings(
+    data_cfg: ml_collections.ConfigDict, seed: int, train: bool, batch_multiple: int = 1
+) -> PipelineConfig:
+    """The run's pipeline settings for training (shuffled, endless) or evaluation (one padded
+    pass, ``data.eval_batch_tokens`` a side), batch rows a multiple of ``batch_multiple`` (the
+    mesh's data-parallel size) and of ``data.batch_multiple``; the model's fields are left to
+    :func:`docnmt_jax.data.builder.pipeline_config`."""
     budget = data_cfg.eval_batch_tokens
-    row_tokens = data_cfg.get("packed_row_tokens", 0)
-    if packing is not None and row_tokens > 0:
-        packing = dataclasses.replace(packing, row_tokens=row_tokens)
-    return pipeline_lib.PipelineConfig(
+    return PipelineConfig(
         max_sentences=data_cfg.max_sentences,
         max_src_len=data_cfg.max_src_len,
         max_tgt_len=data_cfg.max_tgt_len,
         batch_src_tokens=data_cfg.batch_src_tokens if train else budget,
         batch_tgt_tokens=data_cfg.batch_tgt_tokens if train else budget,
-        sentence_level=sentence_level,
         shuffle=train,
         seed=seed,
         num_epochs=None if train else 1,
@@ -118,11 +103,14 @@ def pipeline_config(
         process_count=jax.process_count(),
         pad_batch=not train,
         batch_multiple=math.lcm(batch_multiple, data_cfg.get("batch_multiple", 1)),
-        packing=packing,
-        context_sentences=context_sentences,
-        whole_documents=whole_documents,
         on_long=check_on_long(data_cfg.get("on_long", "error")),
     )
+
+
+def trains_packed(config: ml_collections.ConfigDict, needs_grid: bool) -> bool:
+    """Whether the run trains on the model's packed rows: ``data.packed`` (default True) unless
+    the objective needs the ``[B, S, T]`` grid (``needs_grid``)."""
+    return bool(config.data.get("packed", True)) and not needs_grid
 
 
 def long_sentence_note(name: str, stats: pipeline_lib.PipelineStats, on_long: str) -> str:
@@ -170,33 +158,26 @@ def plan_batches(
     config: ml_collections.ConfigDict,
     model: Model,
     batch_multiple: int,
-    packing: PackingConfig | None,
+    packed: bool,
     encode: pipeline_lib.Encode,
     docs: list[Document],
     train: bool,
-) -> pipeline_lib.BatchPlan:
+) -> pipeline_lib.BatchPlan | pipeline_lib.PackedPlan:
     """The batch plan of ``docs`` for training (``train``: shuffled, endless) or evaluation
-    (one padded pass) in ``model``'s layout, its settings checked by the model
-    (:meth:`~docnmt_jax.models.base.BaseModel.check_data`); the arguments as for
-    :func:`pipeline_config`, ``encode`` the tokenizer's batch encoder."""
-    cfg = pipeline_config(
-        config.data,
-        config.train.seed,
-        train,
-        model.layout.sentence_level,
-        batch_multiple=batch_multiple,
-        packing=packing,
-        context_sentences=model.context_sentences,
-        whole_documents=model.whole_documents,
+    (one padded pass): :func:`data_settings` and ``model``'s data needs through the data
+    builder (:func:`docnmt_jax.data.builder.build_plan`: its packed rows when ``packed``, the
+    shortest ``data.packed_row_tokens`` slots when > 0; its limits checked). ``encode`` is the
+    tokenizer's batch encoder."""
+    settings = data_settings(config.data, config.train.seed, train, batch_multiple)
+    row_tokens = config.data.get("packed_row_tokens", 0)
+    return builder.build_plan(
+        model.data_spec(), settings, docs, encode, packed=packed, row_tokens=row_tokens
     )
-    model.check_data(cfg)
-    return pipeline_lib.plan_batches(docs, encode, cfg)
 
 
 def data_notes(
     data_cfg: ml_collections.ConfigDict,
     model: Model,
-    packing: PackingConfig | None,
     loader: str,
     docs: tuple[list[Document], list[Document]],
     plans: tuple[pipeline_lib.BatchPlan, pipeline_lib.BatchPlan],
@@ -205,6 +186,7 @@ def data_notes(
     (batches, shapes, layout, padding, ``loader``), then the sentences over the length
     limits."""
     (train_docs, dev_docs), (train_plan, dev_plan) = docs, plans
+    packing = train_plan.config.packing
     on_long = check_on_long(data_cfg.get("on_long", "error"))
     shapes = sorted(train_plan.local_shapes)
     return [

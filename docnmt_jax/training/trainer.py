@@ -46,11 +46,11 @@ from tqdm.auto import tqdm
 from docnmt_jax import parallel
 from docnmt_jax.data import loader as loader_lib
 from docnmt_jax.data import pipeline as pipeline_lib
-from docnmt_jax.data.tokenized import check_on_long
+from docnmt_jax.data.spec import check_on_long
 from docnmt_jax.errors import ConfigError
 from docnmt_jax.files import write_atomic
 from docnmt_jax.models import Metric, build_model
-from docnmt_jax.models.contract import packing_of, reduce_metrics
+from docnmt_jax.models.contract import reduce_metrics
 from docnmt_jax.objectives import Objective, build_objective
 from docnmt_jax.training import data_setup, supervision
 from docnmt_jax.training import state as train_state
@@ -165,14 +165,13 @@ def train_and_evaluate(
     objective = build_objective(config.get("objective", {}), model)
     custom_hooks = bool(eval_hooks) or (dev_hook is not None and not tcfg.get("dev_bleu", False))
     check_best_metric(tcfg, objective, custom_hooks)
-    packed = config.data.get("packed", True) and not objective.needs_grid
-    packing = packing_of(model) if packed else None
+    packed = data_setup.trains_packed(config, objective.needs_grid)
     encode = tokenizer.encode_batch
     shards = layout.batch_shards
-    train_plan = data_setup.plan_batches(config, model, shards, packing, encode, train_docs, True)
-    dev_plan = data_setup.plan_batches(config, model, shards, packing, encode, dev_docs, False)
+    train_plan = data_setup.plan_batches(config, model, shards, packed, encode, train_docs, True)
+    dev_plan = data_setup.plan_batches(config, model, shards, packed, encode, dev_docs, False)
     for note in data_setup.data_notes(
-        config.data, model, packing, loader, (train_docs, dev_docs), (train_plan, dev_plan)
+        config.data, model, loader, (train_docs, dev_docs), (train_plan, dev_plan)
     ):
         runlog.note(note)
 
