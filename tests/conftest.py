@@ -22,6 +22,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and "PYTEST_XDIST_WORKER" not i
 
 
 from docnmt_jax.config_files import load_config_module
+from docnmt_jax.models import registered
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Zheng et al. 2020, Table 3: the rows' switch settings (the config layer holds them).
@@ -175,3 +176,10 @@ def pytest_collection_modifyitems(config, items):
     rank = {name: n for n, name in enumerate(HEAVY_FILES_FIRST)}
     order = {id(item): n for n, item in enumerate(items)}
     items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), order[id(item)]))
+
+
+def shipped_models() -> set[str]:
+    """The registered models the package ships: not the toys a test file registers in the
+    same worker process."""
+    entries = registered().items()
+    return {n for n, e in entries if e.model_class.__module__.startswith("docnmt_jax.")}

@@ -10,7 +10,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT, run_launch, tiny_config
+from conftest import ROOT, run_launch, shipped_models, tiny_config
 
 from docnmt_jax.data import readers
 from docnmt_jax.data.documents import Document
@@ -21,7 +21,6 @@ from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.decoding.translator import Translator, count_capped
 from docnmt_jax.errors import ConfigError, TextTooLongError
 from docnmt_jax.models import build_model
-from docnmt_jax.models.base import registered
 from docnmt_jax.training import trainer
 
 GOLDEN_RUN = os.path.join(ROOT, "tests", "data", "golden", "transformer")
@@ -101,9 +100,7 @@ MODEL_OPTIONS = {
 @pytest.mark.slow  # one search compiled per model: ~1.5 min on 2 busy cores
 @pytest.mark.parametrize(
     "name",  # the models the package ships, not toys other test files register
-    sorted(
-        n for n, e in registered().items() if e.model_class.__module__.startswith("docnmt_jax.")
-    ),
+    sorted(shipped_models()),
 )
 def test_every_model_translates_a_sentence_beyond_the_default_bucket(name):
     """Chunks of 4 with a 21-token sentence, default bucket 8: the bucket grows to 32 and the

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # conftest, when run as a script
-from conftest import ROOT, TABLE3_SWITCHES  # noqa: E402
+from conftest import ROOT, TABLE3_SWITCHES, shipped_models  # noqa: E402
 
 from docnmt_jax.data import readers  # noqa: E402
 from docnmt_jax.data.documents import Document  # noqa: E402
@@ -33,7 +33,7 @@ from docnmt_jax.data.schema import dummy_batch  # noqa: E402
 from docnmt_jax.data.tokenizer import PAD_ID, load_tokenizer  # noqa: E402
 from docnmt_jax.decoding.search import SearchConfig  # noqa: E402
 from docnmt_jax.decoding.translator import Translator  # noqa: E402
-from docnmt_jax.models import build_model, registered  # noqa: E402
+from docnmt_jax.models import build_model  # noqa: E402
 
 GOLDEN = os.path.join(ROOT, "tests", "data", "translation_golden.json")
 TOKENIZER = os.path.join(ROOT, "tests", "data", "golden", "transformer", "spm.model")
@@ -127,12 +127,7 @@ def _golden() -> dict[str, Any]:
 def test_every_shipped_model_is_covered():
     """Every model the package registers (a test file may register toys of its own in the
     same process: those are not shipped)."""
-    shipped = {
-        name
-        for name, entry in registered().items()
-        if entry.model_class.__module__.startswith("docnmt_jax.")
-    }
-    assert {name for name, _ in MODELS.values()} == shipped
+    assert {name for name, _ in MODELS.values()} == shipped_models()
 
 
 @pytest.mark.parametrize("key", sorted(MODELS))
