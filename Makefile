@@ -58,7 +58,7 @@ TEST_FLAGS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfil
 
 test: venv
 	SWORD_OPTIONAL=1 bash launch/install_sword.sh
-	$(BIN)/python -m pytest -q -ra --durations=15 $(TEST_FLAGS)
+	$(BIN)/python -m pytest -q -ra --durations=40 $(TEST_FLAGS)
 
 test-slow: venv sword
 	$(BIN)/python -m pytest -q -ra -m slow $(TEST_FLAGS)
