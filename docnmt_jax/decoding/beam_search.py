@@ -163,6 +163,42 @@ def beam_search(
     """
     if beam_size < 1 or max_len < 1:
         raise ValueError(f"beam_size and max_len must be >= 1, got {beam_size}, {max_len}")
+    batch = _batch_size(cache, extra)
+    if max_lengths is None:
+        limits = jnp.full((batch,), max_len, jnp.int32)
+    else:
+        limits = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_len)
+    rules = _Rules(
+        beam_size, alpha, max_len, eos_id, bos_id, pad_id, early_stopping, allow_bos,
+        keep_best_cache,
+    )  # fmt: skip
+    state = _initial_state(cache, batch, rules)
+
+    def cond(s: BeamState) -> Array:
+        return (s.step < max_len) & ~jnp.all(_done_per_example(s, limits, rules))
+
+    def body(s: BeamState) -> BeamState:
+        return _beam_step(s, step_fn, extra, limits, rules)
+
+    return _result(jax.lax.while_loop(cond, body, state), rules)
+
+
+class _Rules(NamedTuple):
+    """The static settings of one search (:func:`beam_search`'s arguments)."""
+
+    beam_size: int
+    alpha: float
+    max_len: int
+    eos_id: int
+    bos_id: int
+    pad_id: int
+    early_stopping: bool
+    allow_bos: bool
+    keep_best_cache: bool
+
+
+def _batch_size(cache: Cache, extra: Extra) -> int:
+    """The leading dimension every non-scalar leaf of ``cache`` and ``extra`` shares."""
     leaves = [x for x in jax.tree.leaves(cache) if jnp.ndim(x) > 0]
     if not leaves:
         raise ValueError("cache needs at least one leaf with a leading batch dimension")
@@ -170,122 +206,137 @@ def beam_search(
     for x in leaves + [x for x in jax.tree.leaves(extra) if jnp.ndim(x) > 0]:
         if x.shape[0] != batch:
             raise ValueError(f"leaf of shape {x.shape} has no leading batch dimension {batch}")
-    K = beam_size
-    if max_lengths is None:
-        limits = jnp.full((batch,), max_len, jnp.int32)
-    else:
-        limits = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_len)
-    first_beam = jnp.arange(K) == 0
+    return batch
 
-    state = BeamState(
+
+def _initial_state(cache: Cache, batch: int, rules: _Rules) -> BeamState:
+    """One live beam per example (the others invalid), an empty finished pool."""
+    K, max_len, pad_id = rules.beam_size, rules.max_len, rules.pad_id
+    return BeamState(
         step=jnp.zeros((), jnp.int32),
         live_seqs=jnp.full((batch, K, max_len), pad_id, jnp.int32),
         live_log_probs=jnp.zeros((batch, K), jnp.float32),
-        live_valid=jnp.broadcast_to(first_beam, (batch, K)),
+        live_valid=jnp.broadcast_to(jnp.arange(K) == 0, (batch, K)),
         live_cache=tile_beams(cache, K),
         finished_seqs=jnp.full((batch, K, max_len), pad_id, jnp.int32),
         finished_scores=jnp.full((batch, K), NEG_INF, jnp.float32),
         finished_lengths=jnp.zeros((batch, K), jnp.int32),
         finished_flags=jnp.zeros((batch, K), bool),
-        best_cache=cache if keep_best_cache else None,
+        best_cache=cache if rules.keep_best_cache else None,
         best_score=jnp.full((batch,), -jnp.inf, jnp.float32),
     )
 
-    def done_per_example(s: BeamState) -> Array:
-        any_live = jnp.any(s.live_valid, axis=1)
-        if not early_stopping:
-            return ~any_live
-        # Best reachable normalised score of a live beam (lp <= 0; penalty monotone in len).
-        pen = jnp.maximum(length_penalty(s.step + 1, alpha), length_penalty(limits, alpha))
-        best_live = jnp.max(jnp.where(s.live_valid, s.live_log_probs, -jnp.inf), axis=1) / pen
-        worst_finished = jnp.min(jnp.where(s.finished_flags, s.finished_scores, -jnp.inf), axis=1)
-        return ~any_live | (worst_finished > best_live)
 
-    def cond(s: BeamState) -> Array:
-        return (s.step < max_len) & ~jnp.all(done_per_example(s))
+def _done_per_example(s: BeamState, limits: Array, rules: _Rules) -> Array:
+    """``[B]``: no live beam left, or (early stopping) none can beat the finished pool."""
+    any_live = jnp.any(s.live_valid, axis=1)
+    if not rules.early_stopping:
+        return ~any_live
+    # Best reachable normalised score of a live beam (lp <= 0; penalty monotone in len).
+    alpha = rules.alpha
+    pen = jnp.maximum(length_penalty(s.step + 1, alpha), length_penalty(limits, alpha))
+    best_live = jnp.max(jnp.where(s.live_valid, s.live_log_probs, -jnp.inf), axis=1) / pen
+    worst_finished = jnp.min(jnp.where(s.finished_flags, s.finished_scores, -jnp.inf), axis=1)
+    return ~any_live | (worst_finished > best_live)
 
-    def body(s: BeamState) -> BeamState:
-        t = s.step
-        prev = jax.lax.dynamic_index_in_dim(s.live_seqs, jnp.maximum(t - 1, 0), 2, False)
-        tokens = jnp.where(t == 0, bos_id, prev)  # [B, K]
-        logits, new_cache = step_fn(s.live_cache, tokens.reshape(-1), extra)
-        cand_lp, cand_valid, cand_token = _beam_candidates(
-            logits.reshape(batch, K, -1),
-            s.live_log_probs,
-            s.live_valid,
-            forced=t + 1 >= limits,
-            banned=(pad_id,) if allow_bos else (pad_id, bos_id),
-            eos_id=eos_id,
+
+def _beam_step(
+    s: BeamState, step_fn: StepFn, extra: Extra, limits: Array, rules: _Rules
+) -> BeamState:
+    """One token for every live beam: the best ``2K`` candidates, the best ``K`` non-EOS of
+    them live on, EOS candidates ranked within the first ``K`` join the finished pool."""
+    t, K = s.step, rules.beam_size
+    batch = s.live_seqs.shape[0]
+    prev = jax.lax.dynamic_index_in_dim(s.live_seqs, jnp.maximum(t - 1, 0), 2, False)
+    tokens = jnp.where(t == 0, rules.bos_id, prev)  # [B, K]
+    logits, new_cache = step_fn(s.live_cache, tokens.reshape(-1), extra)
+    cand_lp, cand_valid, cand_token = _beam_candidates(
+        logits.reshape(batch, K, -1),
+        s.live_log_probs,
+        s.live_valid,
+        forced=t + 1 >= limits,
+        banned=(rules.pad_id,) if rules.allow_bos else (rules.pad_id, rules.bos_id),
+        eos_id=rules.eos_id,
+    )
+    width = cand_lp.shape[-1] // K
+    _, top = jax.lax.top_k(jnp.where(cand_valid, cand_lp, -jnp.inf), 2 * K)  # [B, 2K]
+    top_lp, top_valid = _take(cand_lp, top), _take(cand_valid, top)
+    parent, token = top // width, _take(cand_token, top)
+    top_seqs = jax.lax.dynamic_update_slice_in_dim(
+        _take(s.live_seqs, parent), token[:, :, None], t, axis=2
+    )
+    is_eos = token == rules.eos_id
+
+    # Live: the best K non-EOS candidates (there are >= K valid ones unless the example ends).
+    _, live_pos = jax.lax.top_k(jnp.where(top_valid & ~is_eos, top_lp, -jnp.inf), K)
+    live_valid = _take(top_valid & ~is_eos, live_pos)
+    live_cache = gather_beams(new_cache, _take(parent, live_pos), K)
+
+    # Finished: merge EOS candidates ranked within the first K into the pool.
+    new_flags = top_valid & is_eos & (jnp.arange(2 * K) < K)
+    scores = jnp.concatenate([s.finished_scores, top_lp / length_penalty(t + 1, rules.alpha)], 1)
+    flags = jnp.concatenate([s.finished_flags, new_flags], 1)
+    lengths = jnp.concatenate([s.finished_lengths, jnp.full((batch, 2 * K), t + 1, jnp.int32)], 1)
+    _, keep = jax.lax.top_k(jnp.where(flags, scores, -jnp.inf), K)
+    best_cache, best_score = s.best_cache, s.best_score
+    if rules.keep_best_cache:
+        new_scores = jnp.where(new_flags, scores[:, K:], -jnp.inf)
+        best_cache, best_score = _keep_best_cache(s, new_cache, new_scores, parent, K)
+    return BeamState(
+        step=t + 1,
+        live_seqs=_take(top_seqs, live_pos),
+        live_log_probs=_take(top_lp, live_pos),
+        live_valid=live_valid,
+        live_cache=live_cache,
+        finished_seqs=_take(jnp.concatenate([s.finished_seqs, top_seqs], 1), keep),
+        finished_scores=_take(scores, keep),
+        finished_lengths=_take(lengths, keep),
+        finished_flags=_take(flags, keep),
+        best_cache=best_cache,
+        best_score=best_score,
+    )
+
+
+def _keep_best_cache(
+    s: BeamState, new_cache: Cache, new_scores: Array, parent: Array, K: int
+) -> tuple[Cache, Array]:
+    """Each example's best cache and score after a step whose new finished hypotheses score
+    ``new_scores [B, 2K]``: an example whose best new one strictly beats its best so far takes
+    that hypothesis' parent beam's updated cache (copied only on steps where some example
+    improves)."""
+    candidate = jnp.argmax(new_scores, axis=1)[:, None]  # [B, 1]
+    improved = _take(new_scores, candidate)[:, 0] > s.best_score
+
+    def copy_improved(old: Cache) -> Cache:
+        rows = gather_beams(new_cache, _take(parent, candidate), K)
+        return jax.tree.map(
+            lambda o, n: o if jnp.ndim(o) == 0 else _where_rows(improved, n, o), old, rows
         )
-        width = cand_lp.shape[-1] // K
-        _, top = jax.lax.top_k(jnp.where(cand_valid, cand_lp, -jnp.inf), 2 * K)  # [B, 2K]
-        top_lp, top_valid = _take(cand_lp, top), _take(cand_valid, top)
-        parent, token = top // width, _take(cand_token, top)
-        top_seqs = jax.lax.dynamic_update_slice_in_dim(
-            _take(s.live_seqs, parent), token[:, :, None], t, axis=2
-        )
-        is_eos = token == eos_id
 
-        # Live: the best K non-EOS candidates (there are >= K valid ones unless the example ends).
-        _, live_pos = jax.lax.top_k(jnp.where(top_valid & ~is_eos, top_lp, -jnp.inf), K)
-        live_valid = _take(top_valid & ~is_eos, live_pos)
-        live_cache = gather_beams(new_cache, _take(parent, live_pos), K)
+    best_cache = jax.lax.cond(jnp.any(improved), copy_improved, lambda c: c, s.best_cache)
+    best_score = jnp.where(improved, _take(new_scores, candidate)[:, 0], s.best_score)
+    return best_cache, best_score
 
-        # Finished: merge EOS candidates ranked within the first K into the pool.
-        new_flags = top_valid & is_eos & (jnp.arange(2 * K) < K)
-        scores = jnp.concatenate([s.finished_scores, top_lp / length_penalty(t + 1, alpha)], 1)
-        flags = jnp.concatenate([s.finished_flags, new_flags], 1)
-        lengths = jnp.concatenate(
-            [s.finished_lengths, jnp.full((batch, 2 * K), t + 1, jnp.int32)], 1
-        )
-        _, keep = jax.lax.top_k(jnp.where(flags, scores, -jnp.inf), K)
-        best_cache, best_score = s.best_cache, s.best_score
-        if keep_best_cache:
-            new_scores = jnp.where(new_flags, scores[:, K:], -jnp.inf)
-            candidate = jnp.argmax(new_scores, axis=1)[:, None]  # [B, 1]
-            improved = _take(new_scores, candidate)[:, 0] > best_score
 
-            def copy_improved(old: Cache) -> Cache:
-                rows = gather_beams(new_cache, _take(parent, candidate), K)
-                return jax.tree.map(
-                    lambda o, n: o if jnp.ndim(o) == 0 else _where_rows(improved, n, o), old, rows
-                )
-
-            best_cache = jax.lax.cond(jnp.any(improved), copy_improved, lambda c: c, best_cache)
-            best_score = jnp.where(improved, _take(new_scores, candidate)[:, 0], best_score)
-        return BeamState(
-            step=t + 1,
-            live_seqs=_take(top_seqs, live_pos),
-            live_log_probs=_take(top_lp, live_pos),
-            live_valid=live_valid,
-            live_cache=live_cache,
-            finished_seqs=_take(jnp.concatenate([s.finished_seqs, top_seqs], 1), keep),
-            finished_scores=_take(scores, keep),
-            finished_lengths=_take(lengths, keep),
-            finished_flags=_take(flags, keep),
-            best_cache=best_cache,
-            best_score=best_score,
-        )
-
-    s = jax.lax.while_loop(cond, body, state)
-
-    # Examples without any finished hypothesis (not reachable with forced EOS, kept for
-    # safety) fall back to their live beams.
+def _result(s: BeamState, rules: _Rules) -> BeamResult:
+    """The finished pool of the final state; examples without any finished hypothesis (not
+    reachable with forced EOS, kept for safety) fall back to their live beams."""
     fallback = ~jnp.any(s.finished_flags, axis=1)
 
     def pick(fin: Array, live: Array) -> Array:
         return _where_rows(fallback, live, fin)
 
     flags = pick(s.finished_flags, s.live_valid)
-    scores = pick(s.finished_scores, s.live_log_probs / length_penalty(s.step, alpha))
+    scores = pick(s.finished_scores, s.live_log_probs / length_penalty(s.step, rules.alpha))
     lengths = pick(s.finished_lengths, jnp.full_like(s.finished_lengths, s.step))
     best_cache = None
-    if keep_best_cache:  # fallback examples: the cache of their first live beam
-        live_first = gather_beams(s.live_cache, jnp.zeros((batch, 1), jnp.int32), K)
+    if rules.keep_best_cache:  # fallback examples: the cache of their first live beam
+        batch = s.live_seqs.shape[0]
+        first = gather_beams(s.live_cache, jnp.zeros((batch, 1), jnp.int32), rules.beam_size)
         best_cache = jax.tree.map(
             lambda b, live: b if jnp.ndim(b) == 0 else _where_rows(fallback, live, b),
             s.best_cache,
-            live_first,
+            first,
         )
     return BeamResult(
         sequences=pick(s.finished_seqs, s.live_seqs),
