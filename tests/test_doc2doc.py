@@ -387,9 +387,12 @@ class _FakeModel:
     """Translates every sentence to the empty string; reports ``doc_index % 2`` extra
     sentences per chunk (with ``counts``) or no aux (without)."""
 
+    name = "fake_chunks"
+    config = None  # no hyper-parameters
     layout = BatchLayout.CHUNKS
     context_sentences = 0  # no context window before the chunks (Model protocol)
     whole_documents = False  # chunks of max_sentences (Model protocol)
+    uses_context = True  # the sentences of a chunk
 
     def __init__(self, counts: bool):
         self.counts = counts
