@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from docnmt_jax.data import bible, bible_alignment, osis, sword
+pytest.importorskip("pysword", reason="the SWORD reader needs pysword (absent on a lent device)")
+
+from docnmt_jax.data import bible, bible_alignment, osis, sword  # noqa: E402
 from docnmt_jax.data.documents import Document, write_tsv
 from docnmt_jax.data.readers import read_tsv
 

@@ -1,6 +1,10 @@
 """notebooks/context_proof.ipynb runs at tiny settings and draws its per-distance plot."""
 
-from notebook_runner import assert_clean, execute_notebook
+import pytest
+
+pytest.importorskip("nbformat", reason="executing notebooks needs nbformat and nbclient")
+
+from notebook_runner import assert_clean, execute_notebook  # noqa: E402
 
 
 def test_context_proof_notebook_runs(tmp_path):
