@@ -46,6 +46,8 @@ from typing import Any
 
 from jax.extend.core import ClosedJaxpr, Jaxpr, jaxprs_in_params
 
+from docnmt_jax.errors import CapabilityError
+
 TRAIN_FACTOR = 3  # forward + backward (input and weight gradients)
 
 Terms = dict[str, int]
@@ -121,10 +123,10 @@ def supported(model: Any) -> bool:
 
 def forward_terms(model: Any, shape: BatchShape) -> Terms:
     """Forward FLOPs per named term (``encoder.attention``, ``global.gate``, ``output``, ...)
-    of ``model`` on a batch of ``shape``: its :meth:`flop_terms`; NotImplementedError when
-    the model has no counter."""
+    of ``model`` on a batch of ``shape``: its :meth:`flop_terms`; a one-line ``CapabilityError``
+    when the model has no counter."""
     if not supported(model):
-        raise NotImplementedError(f"model {model.name!r} registered no FLOP counter")
+        raise CapabilityError(f"model {model.name!r} registered no FLOP counter")
     return model.flop_terms(shape)
 
 

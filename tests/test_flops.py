@@ -9,6 +9,7 @@ from conftest import TABLE3_SWITCHES
 
 from docnmt_jax import flops
 from docnmt_jax.data.schema import dummy_batch
+from docnmt_jax.errors import CapabilityError
 from docnmt_jax.models import build_model
 from docnmt_jax.models.transformer import Transformer, TransformerConfig
 
@@ -148,7 +149,7 @@ def test_model_without_a_registered_counter_has_no_count():
 
     model = Uncounted(TransformerConfig(vocab_size=10, **TINY))
     assert not flops.supported(model) and flops.supported(_task("final"))
-    with pytest.raises(NotImplementedError, match="no FLOP counter"):
+    with pytest.raises(CapabilityError, match="no FLOP counter"):
         flops.forward_flops(model, SHAPE)
 
 

@@ -276,9 +276,9 @@ class BaseModel:
 
     def flop_terms(self, shape: BatchShape) -> Terms:
         """Forward FLOPs per named term of a batch of ``shape``: the registered counter's
-        (:mod:`docnmt_jax.flops`); NotImplementedError when none was registered."""
+        (:mod:`docnmt_jax.flops`); :class:`CapabilityError` when none was registered."""
         if not self.counts_flops:
-            raise NotImplementedError(f"model {self.name!r} registered no FLOP counter")
+            raise CapabilityError(f"model {self.name!r} registered no FLOP counter")
         return _REGISTRY[self.name].flops(self.config, shape)
 
 

@@ -12,6 +12,7 @@ window (:func:`window_sentence_attention`). Random contexts rotate the window wi
 
 from __future__ import annotations
 
+import abc
 from typing import Any, ClassVar
 
 import jax
@@ -109,7 +110,7 @@ def window_sentence_attention(
     return per_row.reshape(B, S, S, S).sum(axis=1)
 
 
-class WindowContextModel(BaseModel):
+class WindowContextModel(BaseModel, abc.ABC):
     """A model whose sentences read their ``k``-sentence window (module docstring); its config
     has ``context_sentences`` (``k``) and ``sentence_rows`` (batch rows are single sentences,
     each with its window, instead of whole chunks: the same model and outputs either way).
@@ -143,10 +144,10 @@ class WindowContextModel(BaseModel):
         :attr:`context_parameters` fresh."""
         return [(self.context_parameters, "skip"), (r"(.*)", r"\1")]
 
+    @abc.abstractmethod
     def window_attention_path(self) -> tuple[str, ...]:
         """The parameter path of the attention over the window whose weights give
-        :meth:`sentence_attention`."""
-        raise NotImplementedError(f"{type(self).__name__} must implement window_attention_path")
+        :meth:`sentence_attention` (each window model names its own)."""
 
     def sentence_attention(self, params: Any, batch: dict[str, Array]) -> Array:
         """Sentence-to-sentence attention ``[B, S, S]`` (Zheng et al. 2020, Fig. 4) of the
