@@ -282,23 +282,10 @@ def contrapro_files(json_path: PathLike, langs: Sequence[str]) -> dict[str, str]
     }
 
 
-def read_contrapro(
-    json_path: PathLike, langs: Sequence[str] = DEFAULT_LANGS["contrapro"]
-) -> list[ContrastiveInstance]:
-    """ContraPro: ``contrapro.json`` with the text and context files beside it
-    (:func:`contrapro_files`; any number of context lines per variant, the same for all)."""
-    json_path = os.fspath(json_path)
-    files = contrapro_files(json_path, langs)
-    missing = [p for p in files.values() if not os.path.exists(p)]
-    if missing:
-        raise RunNotFoundError(
-            f"{json_path}: missing {', '.join(missing)} (write them with ContraPro's "
-            "conversion_scripts/json2text_and_context.pl --context N)"
-        )
-    objects = _objects(json_path)
-    lines = {key: _read_lines(p) for key, p in files.items()}
+def _contrapro_groups(json_path: str) -> list[tuple[int, str, int, str, int]]:
+    """Per instance of ``contrapro.json``: (line, what, variants, pronoun, distance)."""
     groups = []
-    for line, what, record in objects:
+    for line, what, record in _objects(json_path):
         errors = _field(json_path, line, what, record, "errors", list)
         if not errors or not all(isinstance(e, dict) and "contrastive" in e for e in errors):
             raise ContrastiveFormatError(
@@ -310,7 +297,14 @@ def read_contrapro(
         pronoun = _field(json_path, line, what, record, "ref pronoun", str)
         distance = _field(json_path, line, what, record, "ante distance", int)
         groups.append((line, what, 1 + len(errors), pronoun, distance))
-    variants = sum(g[2] for g in groups)
+    return groups
+
+
+def _contrapro_context_lines(
+    json_path: str, files: dict[str, str], lines: dict[str, list[str]], variants: int
+) -> int:
+    """Check the text files hold one line per variant and the context files N per variant;
+    return N."""
     for key in ("text_src", "text_tgt"):
         n = len(lines[key])
         if n != variants:
@@ -329,7 +323,25 @@ def read_contrapro(
             f"{len(lines[bad])} lines: expected N per variant ({variants} variants) and as many "
             f"as {files['context_src' if bad == 'context_tgt' else 'context_tgt']}",
         )
-    per = n_context // variants
+    return n_context // variants
+
+
+def read_contrapro(
+    json_path: PathLike, langs: Sequence[str] = DEFAULT_LANGS["contrapro"]
+) -> list[ContrastiveInstance]:
+    """ContraPro: ``contrapro.json`` with the text and context files beside it
+    (:func:`contrapro_files`; any number of context lines per variant, the same for all)."""
+    json_path = os.fspath(json_path)
+    files = contrapro_files(json_path, langs)
+    missing = [p for p in files.values() if not os.path.exists(p)]
+    if missing:
+        raise RunNotFoundError(
+            f"{json_path}: missing {', '.join(missing)} (write them with ContraPro's "
+            "conversion_scripts/json2text_and_context.pl --context N)"
+        )
+    groups = _contrapro_groups(json_path)
+    lines = {key: _read_lines(p) for key, p in files.items()}
+    per = _contrapro_context_lines(json_path, files, lines, sum(g[2] for g in groups))
     instances, v0 = [], 0
     for line, what, count, pronoun, distance in groups:
         rows = range(v0, v0 + count)

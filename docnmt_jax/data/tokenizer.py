@@ -196,6 +196,22 @@ def train_tokenizer(
     )
     if user_defined_symbols:
         options["user_defined_symbols"] = list(user_defined_symbols)
+    _write_atomically(model_path, _train_model_bytes(documents, options, n_sentences))
+    tok = Tokenizer(model_path)
+    logging.info(
+        "Trained %s sentencepiece model %s: vocab size %d, %d training sentences.",
+        model_type,
+        model_path,
+        tok.vocab_size,
+        n_sentences,
+    )
+    return tok
+
+
+def _train_model_bytes(documents: Sequence[Document], options: dict, n_sentences: int) -> bytes:
+    """The serialised sentencepiece model trained on ``documents`` with ``options``; an
+    infeasible vocabulary size is a TokenizerError naming the feasible bound."""
+    vocab_size = options["vocab_size"]
     writer = _BytesSink()
     try:
         spm.SentencePieceTrainer.Train(
@@ -215,27 +231,22 @@ def train_tokenizer(
                 f"need at least {m.group(2)}"
             ) from None
         raise TokenizerError(f"sentencepiece training failed: {msg.strip()}") from None
+    return writer.data
 
+
+def _write_atomically(model_path: str, data: bytes) -> None:
+    """Write ``data`` to ``model_path`` through a temporary file and a rename."""
     directory = os.path.dirname(os.path.abspath(model_path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".spm-", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(writer.data)
+            f.write(data)
         os.replace(tmp, model_path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    tok = Tokenizer(model_path)
-    logging.info(
-        "Trained %s sentencepiece model %s: vocab size %d, %d training sentences.",
-        model_type,
-        model_path,
-        tok.vocab_size,
-        n_sentences,
-    )
-    return tok
 
 
 class _BytesSink:

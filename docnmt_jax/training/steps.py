@@ -58,6 +58,35 @@ def _where(flag: jax.Array, new: PyTree, old: PyTree) -> PyTree:
     return jax.tree_util.tree_map(lambda n, o: jnp.where(flag, n, o), new, old)
 
 
+def _gradient(
+    objective: Objective, state: PyTree, batch: PyTree, rng: jax.Array
+) -> tuple[PyTree, dict[str, Metric], jax.Array]:
+    """The objective's gradient on ``batch``, its metrics, and whether loss and gradient are
+    finite."""
+
+    def loss_fn(params: PyTree) -> tuple[jax.Array, dict[str, Metric]]:
+        return objective.loss(params, batch, rng, True)
+
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    finite = jnp.isfinite(loss) & jnp.isfinite(global_norm(grads))
+    return grads, metrics, finite
+
+
+def _apply_update(
+    tx: Any, ema_decay: float, state: PyTree, grads: PyTree, ok: jax.Array
+) -> tuple[PyTree, jax.Array]:
+    """The optimiser update with ``grads`` where ``ok`` (else the state unchanged), the EMA
+    moved with it; and the gradient's global norm."""
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    params = jax.tree_util.tree_map(jnp.add, state["params"], updates)
+    new = dict(state, params=_where(ok, params, state["params"]))
+    new["opt_state"] = _where(ok, opt_state, state["opt_state"])
+    if "ema" in state:
+        moved = ema_lib.update(state["ema"], new["params"], ema_decay, state["step"] + 1)
+        new["ema"] = _where(ok, moved, state["ema"])
+    return new, global_norm(grads)
+
+
 def make_train_step(
     objective: Objective,
     tx: Any,
@@ -75,23 +104,10 @@ def make_train_step(
         raise ValueError(f"config.train.accumulate_steps must be >= 1, got {k}")
 
     def gradient(state: PyTree, batch: PyTree, rng: jax.Array) -> tuple:
-        def loss_fn(params: PyTree) -> tuple[jax.Array, dict[str, Metric]]:
-            return objective.loss(params, batch, rng, True)
-
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-        finite = jnp.isfinite(loss) & jnp.isfinite(global_norm(grads))
-        return grads, metrics, finite
+        return _gradient(objective, state, batch, rng)
 
     def apply(state: PyTree, grads: PyTree, ok: jax.Array) -> tuple[PyTree, jax.Array]:
-        """The optimiser update with ``grads`` where ``ok`` (else the state unchanged)."""
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = jax.tree_util.tree_map(jnp.add, state["params"], updates)
-        new = dict(state, params=_where(ok, params, state["params"]))
-        new["opt_state"] = _where(ok, opt_state, state["opt_state"])
-        if "ema" in state:
-            moved = ema_lib.update(state["ema"], new["params"], ema_decay, state["step"] + 1)
-            new["ema"] = _where(ok, moved, state["ema"])
-        return new, global_norm(grads)
+        return _apply_update(tx, ema_decay, state, grads, ok)
 
     def plain_step(state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Metric]]:
         rng = jax.random.fold_in(base_key, state["step"])

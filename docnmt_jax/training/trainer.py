@@ -192,6 +192,38 @@ def train_and_evaluate(
     )
 
     # The steps, the dev evaluation and the input pipeline from the run's data position.
+    train_step, eval_step = _compiled_steps(
+        config, objective, (tx, schedule, shardings), layout, progress, state, train_plan, runlog
+    )
+    if dev_hook is not None:
+        eval_hooks = (
+            *eval_hooks,
+            dev_hook(DevContext(model, tokenizer, dev_docs, layout, workdir)),
+        )
+    evaluate = DevEvaluator(eval_step, dev_plan, layout, eval_hooks)
+    dataset = loader_lib.train_batches(train_plan, start_step=progress.position, loader=loader)
+
+    # The loop: step, log, evaluate, checkpoint, stop.
+    loop = TrainLoop(config, state, progress, train_step, dataset, layout, evaluate, saved, runlog)
+    del state  # the loop holds the only reference (the train step donates it)
+    return loop.run(train_plan, record_losses)
+
+
+def _compiled_steps(
+    config: ml_collections.ConfigDict,
+    objective: Objective,
+    optimizer: tuple[Any, Any, Any],
+    layout: parallel.Layout,
+    progress: Progress,
+    state: PyTree,
+    train_plan: pipeline_lib.BatchPlan,
+    runlog: RunLog,
+) -> tuple[Step, Step]:
+    """The jitted train and eval steps; the train step compiled up front for every batch
+    shape of ``train_plan`` with ``train.aot_compile``. ``optimizer``: (tx, schedule,
+    shardings)."""
+    tcfg = config.train
+    tx, schedule, shardings = optimizer
     train_step, eval_step = make_steps(
         objective,
         tx,
@@ -205,20 +237,9 @@ def train_and_evaluate(
     if tcfg.get("aot_compile", True):
         shapes = sorted(train_plan.local_shapes)
         train_step = compile_for_shapes(
-            train_step, state, shapes, layout, runlog.note, model.context_sentences
+            train_step, state, shapes, layout, runlog.note, objective.model.context_sentences
         )
-    if dev_hook is not None:
-        eval_hooks = (
-            *eval_hooks,
-            dev_hook(DevContext(model, tokenizer, dev_docs, layout, workdir)),
-        )
-    evaluate = DevEvaluator(eval_step, dev_plan, layout, eval_hooks)
-    dataset = loader_lib.train_batches(train_plan, start_step=progress.position, loader=loader)
-
-    # The loop: step, log, evaluate, checkpoint, stop.
-    loop = TrainLoop(config, state, progress, train_step, dataset, layout, evaluate, saved, runlog)
-    del state  # the loop holds the only reference (the train step donates it)
-    return loop.run(train_plan, record_losses)
+    return train_step, eval_step
 
 
 class TrainLoop:
