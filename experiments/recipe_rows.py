@@ -119,7 +119,8 @@ SCREEN: tuple[Recipe, ...] = (
 def follow_ups(best: Recipe, second: Recipe) -> tuple[Recipe, ...]:
     """The rows that take the two recipes chosen on dev further: each continued to ~4 epochs
     (3x the budget; EMA and the average of the last 5 checkpoints measured beside the last
-    one); FINAL under the best recipe from scratch, and finetuned from the best row's
+    one); FINAL under the best recipe from scratch (on the documents, and on their
+    multi-resolution cuts: its batches as varied as a sentence model's), and finetuned from the best row's
     Transformer (source & target TL) beside that Transformer continued for the same tokens
     (its same-token control)."""
     longer = tuple(
@@ -139,6 +140,13 @@ def follow_ups(best: Recipe, second: Recipe) -> tuple[Recipe, ...]:
             f"final_{best.name}",
             f"FINAL from scratch under {best.name}",
             best.overrides,
+            config=FINAL,
+        ),
+        Recipe(
+            f"final_multires_{best.name}",
+            f"FINAL from scratch under {best.name}, trained on every document also cut into "
+            "2, 4, 8, ... parts and single sentences (multi-resolution, Sun et al. 2022)",
+            best.overrides + (("data.train_as", "multi_resolution"),),
             config=FINAL,
         ),
         Recipe(

@@ -30,6 +30,46 @@ def _pairs(docs: list[Document]) -> collections.Counter:
     return collections.Counter(p for d in docs for p in zip(d.src, d.tgt, strict=True))
 
 
+def test_multi_resolution_splits_every_document_at_every_level():
+    import numpy as np
+
+    docs = _docs("m", [1, 2, 5, 8, 13])
+    pieces = corpus_mix.as_multi_resolution(docs)
+    assert len({d.doc_id for d in pieces}) == len(pieces)
+    for doc in docs:
+        n = len(doc)
+        # Brute force: powers of two below n, then n single sentences; each level the
+        # contiguous near-equal parts np.array_split makes.
+        levels = [2**k for k in range(n.bit_length()) if 2**k < n] + [n]
+        mine = [
+            d for d in pieces if d.doc_id == doc.doc_id or d.doc_id.startswith(doc.doc_id + "#")
+        ]
+        expected = [
+            (doc.src[idx[0] : idx[-1] + 1], doc.tgt[idx[0] : idx[-1] + 1])
+            for parts in levels
+            for idx in np.array_split(np.arange(n), parts)
+        ]
+        assert [(d.src, d.tgt) for d in mine] == expected, doc.doc_id
+    # Every sentence pair once per level of its document.
+    per_doc = {d.doc_id: len([p for p in [1, 2, 4, 8, 16] if p < len(d)]) + 1 for d in docs}
+    expected_pairs = collections.Counter()
+    for d in docs:
+        for pair in zip(d.src, d.tgt, strict=True):
+            expected_pairs[pair] += per_doc[d.doc_id]
+    assert _pairs(pieces) == expected_pairs
+
+
+def test_multi_resolution_is_a_train_as_value(tmp_path):
+    docs = _docs("r", [4, 3])
+    write_tsv(docs, str(tmp_path / "train.tsv"))
+    write_tsv(docs, str(tmp_path / "dev.tsv"))
+    cfg = tiny_config(str(tmp_path)).data
+    cfg.train_as = "multi_resolution"
+    got = data_setup.load_documents(cfg, "train")
+    assert sorted(len(d) for d in got) == sorted([4, 2, 2, 1, 1, 1, 1, 3, 2, 1, 1, 1, 1])
+    assert [len(d) for d in data_setup.load_documents(cfg, "dev")] == [4, 3]  # dev as it is
+
+
 def test_sentences_are_one_sentence_documents_in_a_seeded_order():
     docs = _docs("a", [3, 1, 4, 2])
     singles = corpus_mix.as_sentences(docs, seed=1)

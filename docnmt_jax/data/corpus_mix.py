@@ -7,15 +7,23 @@ corpora mixed with sampling weights.
   shuffled), in a seeded shuffled order, so no model sees a neighbour as context. Readers are
   unchanged: a sentence-level corpus (aligned plain files without blank lines, or a TSV) is
   read as it is and then split.
-* ``config.data.mix = "PATH [WEIGHT] [documents|sentences]; ..."``: the training corpus is the
-  mix of the entries (Tan et al. 2019, Table 4, last row). ``PATH`` is what ``data.train``
-  accepts (``FILE.tsv`` or ``SRC,TGT``; no spaces), read with ``data.format``; ``WEIGHT`` (default
-  1) is the entry's multiplicity per epoch: each of its documents appears ``floor(WEIGHT)``
-  times, plus once more for a seeded ``WEIGHT - floor(WEIGHT)`` share of them (fixed for the
-  run). The mixed documents then go through the ordinary plan (grid or packed), so every batch
-  is still one shape, the plan is a pure function of the seed and a resumed run continues it
-  exactly. Reading chosen: sampling weights as per-epoch multiplicities of documents, not a
-  per-batch corpus draw, because the plan is built once and must stay deterministic.
+* ``config.data.train_as = "multi_resolution"``: every document also split into 2, 4, 8, ...
+  contiguous parts of near-equal length, and into single sentences, all levels trained on
+  (the multi-resolutional training of Sun et al. 2022, "Rethinking Document-level Neural
+  Machine Translation", Sec. 4): a batch of short pieces holds many documents, so a document
+  model's batches are as varied as a sentence model's while the longer pieces still carry the
+  context. Reading chosen: levels up to single sentences (``2^k < n``, then ``n`` parts), each
+  level a whole copy of the corpus (an epoch is ``~2 + log2(n)`` passes over every sentence).
+* ``config.data.mix = "PATH [WEIGHT] [documents|sentences|multi_resolution]; ..."``: the
+  training corpus is the mix of the entries (Tan et al. 2019, Table 4, last row). ``PATH`` is
+  what ``data.train`` accepts (``FILE.tsv`` or ``SRC,TGT``; no spaces), read with
+  ``data.format``; ``WEIGHT`` (default 1) is the entry's multiplicity per epoch: each of its
+  documents appears ``floor(WEIGHT)`` times, plus once more for a seeded ``WEIGHT -
+  floor(WEIGHT)`` share of them (fixed for the run). The mixed documents then go through the
+  ordinary plan (grid or packed), so every batch is still one shape, the plan is a pure
+  function of the seed and a resumed run continues it exactly. Reading chosen: sampling
+  weights as per-epoch multiplicities of documents, not a per-batch corpus draw, because the
+  plan is built once and must stay deterministic.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import numpy as np
 from docnmt_jax.data.documents import Document
 from docnmt_jax.errors import UserError
 
-TRAIN_AS = ("documents", "sentences")
+TRAIN_AS = ("documents", "sentences", "multi_resolution")
 
 
 class DataConfigError(UserError, ValueError):
@@ -59,6 +67,45 @@ def as_sentences(documents: Sequence[Document], seed: int) -> list[Document]:
     ]
     order = np.random.default_rng([seed, 0x5E17]).permutation(len(singles))
     return [singles[i] for i in order]
+
+
+def part_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of ``parts`` contiguous near-equal parts of ``n`` sentences (the
+    longer parts first)."""
+    base, extra = divmod(n, parts)
+    bounds, start = [], 0
+    for j in range(parts):
+        end = start + base + (j < extra)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def resolution_levels(n: int) -> list[int]:
+    """How many parts a document of ``n`` sentences is split into at each level: 1, 2, 4, ...
+    while fewer than ``n``, then ``n`` (single sentences)."""
+    levels, parts = [], 1
+    while parts < n:
+        levels.append(parts)
+        parts *= 2
+    return levels + [n]
+
+
+def as_multi_resolution(documents: Sequence[Document]) -> list[Document]:
+    """Every document at every level of :func:`resolution_levels`, its parts as documents
+    (id ``DOC#pP.J``: part ``J`` of ``P``; the whole document keeps its id)."""
+    out = []
+    for doc in documents:
+        for parts in resolution_levels(len(doc)):
+            for j, (a, b) in enumerate(part_bounds(len(doc), parts)):
+                if parts == 1:
+                    out.append(doc)
+                    continue
+                origin = doc.origin.shifted(a) if doc.origin else None
+                out.append(
+                    Document(f"{doc.doc_id}#p{parts}.{j}", doc.src[a:b], doc.tgt[a:b], origin)
+                )
+    return out
 
 
 def parse_mix(spec: str) -> list[MixEntry]:
@@ -120,5 +167,7 @@ def mix_documents(
             raise DataConfigError(f"config.data.mix entry {entry.path!r}: {e}") from None
         if entry.read_as == "sentences":
             docs = as_sentences(docs, seed + i)
+        elif entry.read_as == "multi_resolution":
+            docs = as_multi_resolution(docs)
         out += weighted(docs, entry.weight, seed + i)
     return out

@@ -35,7 +35,8 @@ def load_documents(
 ) -> list[Document]:
     """Documents of ``split`` ('train' | 'dev' | 'test') named by the data config. Training
     documents come from ``data.mix`` when set and are split into one-sentence documents with
-    ``data.train_as = "sentences"`` (:mod:`docnmt_jax.data.corpus_mix`; ``seed`` orders them)."""
+    ``data.train_as = "sentences"`` (``seed`` orders them) or into all the resolutions of
+    ``"multi_resolution"`` (:mod:`docnmt_jax.data.corpus_mix`)."""
     train_as = corpus_mix.check_train_as(data_cfg.get("train_as", "documents"))
     if split == "train" and data_cfg.get("mix", ""):
         if data_cfg.get("train", ""):
@@ -50,6 +51,8 @@ def load_documents(
         docs = read_split(data_cfg, split)
     if split == "train" and train_as == "sentences":
         docs = corpus_mix.as_sentences(docs, seed)
+    elif split == "train" and train_as == "multi_resolution":
+        docs = corpus_mix.as_multi_resolution(docs)
     return docs
 
 
