@@ -13,8 +13,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DATA ?= data/bible
 
-.PHONY: venv sword data demo results results-quick test test-slow test-jax-next lint clean \
-	accelerator-wheels
+.PHONY: venv sword data demo results results-quick test notebooks test-slow test-jax-next lint \
+	clean accelerator-wheels
 
 venv: $(VENV)/.installed
 
@@ -59,6 +59,11 @@ TEST_FLAGS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfil
 test: venv
 	SWORD_OPTIONAL=1 bash launch/install_sword.sh
 	$(BIN)/python -m pytest -q -ra --durations=40 $(TEST_FLAGS)
+
+# The notebooks executed end to end in fresh kernels (tests marked `notebook`; .ci/run runs
+# them after the default suite).
+notebooks: venv
+	$(BIN)/python -m pytest -q -ra -m notebook $(TEST_FLAGS)
 
 test-slow: venv sword
 	$(BIN)/python -m pytest -q -ra -m slow $(TEST_FLAGS)

@@ -6,6 +6,8 @@ pytest.importorskip("nbformat", reason="executing notebooks needs nbformat and n
 
 from notebook_runner import assert_clean, execute_notebook  # noqa: E402
 
+pytestmark = pytest.mark.notebook
+
 
 def test_context_proof_notebook_runs(tmp_path):
     nb = assert_clean("context_proof.ipynb")

@@ -11,6 +11,8 @@ pytest.importorskip("nbformat", reason="executing notebooks needs nbformat and n
 
 from notebook_runner import assert_clean, execute_notebook  # noqa: E402
 
+pytestmark = pytest.mark.notebook
+
 
 def test_quickstart_notebook_runs(tmp_path):
     nb = assert_clean("quickstart.ipynb")
