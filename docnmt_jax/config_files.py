@@ -51,6 +51,8 @@ PAPER_TRAINING = {
     "train.learning_rate": 0.0,
     "train.clip_norm": 0.0,
     "train.ema_decay": 0.0,
+    "data.batch_src_tokens": 2048,
+    "data.batch_tgt_tokens": 2048,
 }
 PAPER = "paper"
 

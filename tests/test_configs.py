@@ -178,6 +178,7 @@ def test_paper_variant_sets_the_papers_training_and_nothing_else(path):
         if key in after:
             assert after[key] == value, key
     assert after["train.warmup_steps"] == 8000
+    assert after["data.batch_src_tokens"] == after["data.batch_tgt_tokens"] == 2048
     if "model.pre_ln" in after:
         assert after["model.pre_ln"] is False
 
