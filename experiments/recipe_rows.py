@@ -120,9 +120,9 @@ def follow_ups(best: Recipe, second: Recipe) -> tuple[Recipe, ...]:
     """The rows that take the two recipes chosen on dev further: each continued to ~4 epochs
     (3x the budget; EMA and the average of the last 5 checkpoints measured beside the last
     one); FINAL under the best recipe from scratch (on the documents, and on their
-    multi-resolution cuts: its batches as varied as a sentence model's), and finetuned from the best row's
-    Transformer (source & target TL) beside that Transformer continued for the same tokens
-    (its same-token control)."""
+    multi-resolution cuts: its batches as varied as a sentence model's), and finetuned from
+    the best row's Transformer (source & target TL) beside that Transformer continued for the
+    same tokens (its same-token control)."""
     longer = tuple(
         dataclasses.replace(
             r,
@@ -138,8 +138,8 @@ def follow_ups(best: Recipe, second: Recipe) -> tuple[Recipe, ...]:
     return longer + (
         Recipe(
             f"final_{best.name}",
-            f"FINAL from scratch under {best.name}",
-            best.overrides,
+            f"FINAL from scratch under {best.name}, on the documents' 20-sentence chunks",
+            best.overrides + (("data.train_as", "documents"),),
             config=FINAL,
         ),
         Recipe(
@@ -151,8 +151,9 @@ def follow_ups(best: Recipe, second: Recipe) -> tuple[Recipe, ...]:
         ),
         Recipe(
             f"final_finetuned_{best.name}",
-            f"FINAL finetuned from {best.name}'s Transformer (source & target TL)",
-            best.overrides + finetune,
+            f"FINAL finetuned from {best.name}'s Transformer (source & target TL), on the "
+            "multi-resolution cuts (FINAL's default)",
+            best.overrides + finetune + (("data.train_as", "multi_resolution"),),
             config=FINAL,
             init_from=best.name,
         ),

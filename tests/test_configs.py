@@ -173,7 +173,10 @@ def test_paper_variant_sets_the_papers_training_and_nothing_else(path):
     }
     before, after = flat(plain), flat(paper)
     changed = {k for k in before if before[k] != after[k]}
-    assert changed <= set(PAPER_TRAINING)
+    assert changed <= set(PAPER_TRAINING) | {"data.train_as"}
+    assert after["data.train_as"] == (
+        "documents" if before["data.train_as"] == "multi_resolution" else before["data.train_as"]
+    )
     for key, value in PAPER_TRAINING.items():
         if key in after:
             assert after[key] == value, key

@@ -145,12 +145,14 @@ def make_corpus(
 def proof_config(
     config: ml_collections.ConfigDict, data_dir: str, **overrides: Any
 ) -> ml_collections.ConfigDict:
-    """``config`` reading ``data_dir``, dev BLEU off, with the size/step ``overrides``:
-    model keys (d_model, num_heads, ...) and vocab_size, batch_tokens, num_steps, warmup_steps,
-    lr_scale, label_smoothing, seed, time_budget_minutes."""
+    """``config`` reading ``data_dir``, dev BLEU off, trained on the whole synthetic documents
+    (never their multi-resolution cuts, which part a word from its antecedent), with the
+    size/step ``overrides``: model keys (d_model, num_heads, ...) and vocab_size, batch_tokens,
+    num_steps, warmup_steps, lr_scale, label_smoothing, seed, time_budget_minutes."""
     config = ml_collections.ConfigDict(config.to_dict())
     config.data.data_dir = data_dir
     config.data.corpus = "synthetic"
+    config.data.train_as = "documents"
     config.train.dev_bleu = False
     config.train.best_metric = "dev_loss"
     config.train.best_mode = "min"
