@@ -60,9 +60,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.batch_multiple = 1  # batch rows are a multiple of this and of mesh data x fsdp
     config.data.packed = True  # train on packed rows (the model's packing); False: [B,S,T] grid
     config.data.packed_row_tokens = 0  # shortest packed row length; 0: the model's default
-    # documents | sentences (every pair its own document) | multi_resolution (every document
-    # also in 2, 4, 8, ... parts and single sentences: Sun et al. 2022)
-    config.data.train_as = "documents"
+    # multi_resolution: every document also in 2, 4, 8, ... parts and single sentences (Sun et
+    # al. 2022); sentences: every pair its own document.
+    config.data.train_as = "documents"  # documents | sentences | multi_resolution
     config.data.mix = ""  # "PATH [WEIGHT] [documents|sentences]; ...": train on these corpora
     # Who builds the training batches: tf.data (TensorFlow installed) or a prefetching NumPy
     # iterator; both give the same batches. auto: tf.data when TensorFlow imports, else NumPy.

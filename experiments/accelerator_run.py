@@ -102,8 +102,8 @@ def smoke_settings(settings: Settings) -> Settings:
         beam=2,
         max_steps=3,
         test_docs=2,
-        transformer_minutes=1.0,
-        finetune_minutes=1.0,
+        transformer_minutes=15.0,  # max_steps stops first; a busy host must not cut it short
+        finetune_minutes=15.0,
         bench_sizes=("tiny",),
         bench_dtypes=("float32",),
         bench_args=("--quick", "--sections", "peak,train"),

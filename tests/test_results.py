@@ -264,8 +264,9 @@ def test_tokens_per_step_counts_the_plans_real_target_tokens(synthetic_dir, tmp_
     tokenizer = get_or_train_tokenizer(str(tmp_path / "spm.model"), docs, vocab_size=320)
     config = results_stages.row_config(row, settings, 1, tokenizer.model_path)
     per_step, epoch = budget_lib.tokens_per_step(config, tokenizer)
+    docs = data_setup.load_documents(config.data, "train")  # the row's view (FINAL: cuts too)
     real, batches = _epoch_target_tokens(config, docs, tokenizer)
-    # Every target token of the corpus, each sentence with its EOS.
+    # Every target token of the training documents, each sentence with its EOS.
     by_hand = sum(len(ids) + 1 for d in docs for ids in tokenizer.encode_batch(list(d.tgt)))
     assert epoch == real == by_hand
     assert per_step == pytest.approx(real / batches)
