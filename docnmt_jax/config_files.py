@@ -53,20 +53,18 @@ PAPER_TRAINING = {
     "train.ema_decay": 0.0,
     "data.batch_src_tokens": 2048,
     "data.batch_tgt_tokens": 2048,
+    "data.train_as": "documents",  # the papers train on the documents, never their cuts
 }
 PAPER = "paper"
 
 
 def paper_training(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """``config`` with :data:`PAPER_TRAINING` (keys the config lacks, e.g. ``model.pre_ln``
-    of a recurrent model, are left out), and the documents as they are where the config trains
-    on their multi-resolution cuts."""
+    of a recurrent model, are left out)."""
     for key, value in PAPER_TRAINING.items():
         section, name = key.split(".")
         if name in config[section]:
             config[section][name] = value
-    if config.data.get("train_as") == "multi_resolution":  # the papers train on the documents
-        config.data.train_as = "documents"
     return config
 
 
