@@ -5,8 +5,8 @@
 #   make test   run the default test suite (what .ci/run calls)
 # Both create or reuse the virtual environment in $(VENV) and install what they need.
 # make results      every model on the Bible, one budget -> docs/results.md (hours; resumable)
-# make results-quick  (or make results ARGS=--quick) the table's columns for one row per model,
-#                   objective and row kind, with tiny models: minutes
+# make results-quick  (or make results ARGS=--quick) the table's columns for a sentence row, a
+#                   document row, a finetuned row and its control, with tiny models: minutes
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv

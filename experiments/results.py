@@ -14,8 +14,9 @@ stage of every row is saved when done: run the same command again to resume (a l
 ``--base_steps`` trains the rows on from their checkpoints). A stage that fails is reported
 in one line (its traceback in ``OUT/rows/ROW/STAGE.error``) and the others go on; the exit
 status is then 1. ``--quick`` takes the few shortest chapters of each split (``OUT/data``)
-and tiny models, and trains the rows of ``QUICK_ROWS`` (one per model, objective and row
-kind; ``--rows`` names others); its table has every column of the full one.
+and tiny models, and trains the rows of ``QUICK_ROWS`` (a sentence row, a document row,
+pretrain -> finetune and its continued control; ``--rows`` names others); its table has every
+column of the full one.
 """
 
 from __future__ import annotations
