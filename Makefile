@@ -52,9 +52,11 @@ results-quick: venv
 	$(BIN)/python experiments/results.py --quick --data_dir $(DATA) $(ARGS)
 
 # Two pytest workers (pytest-xdist), one test file each at a time: most of a test's time is
-# XLA compilation, which uses one core. TEST_WORKERS=0 runs in one process.
+# XLA compilation, which uses one core. Files go out in collection order, heaviest first
+# (tests/conftest.py), not xdist's most-tests-first, which would leave the one-test accelerator
+# smoke to run alone at the end. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
-TEST_FLAGS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+TEST_FLAGS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: venv
 	SWORD_OPTIONAL=1 bash launch/install_sword.sh

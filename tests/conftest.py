@@ -148,26 +148,29 @@ def tiny_final_config(data_dir: str, **train_overrides):
     return config
 
 
-# The default suite's heaviest files (CPU seconds; the suite-time log in docs/log), run
-# first: pytest-xdist (--dist loadfile) hands files to its two workers in collection order, so
-# a heavy file collected last would run alone at the end (longest-processing-time-first).
+# The default suite's heaviest files (seconds in the profile of docs/log/2026-11-28-ci-time.md),
+# run first: with --no-loadscope-reorder (the Makefile) pytest-xdist's loadfile hands files to
+# its two workers in collection order, so a heavy file collected last would run alone at the
+# end (longest-processing-time-first).
 HEAVY_FILES_FIRST = (
     "test_accelerator_run.py",
-    "test_context_marginal.py",
-    "test_hmgdc.py",
-    "test_notebook_quickstart.py",
-    "test_analysis.py",
+    "test_accumulation_ema.py",
     "test_doct.py",
     "test_final.py",
-    "test_contrastive_sets.py",
-    "test_final_packed.py",
-    "test_hmgdc_packed.py",
-    "test_notebook_context_proof.py",
-    "test_model_interface.py",
-    "test_sharding.py",
-    "test_translate.py",
     "test_training.py",
-    "test_init_from.py",
+    "test_model_interface.py",
+    "test_jean_cho.py",
+    "test_beam_search.py",
+    "test_context_marginal.py",
+    "test_rnnsearch.py",
+    "test_translate.py",
+    "test_loader.py",
+    "test_analysis.py",
+    "test_golden.py",
+    "test_attention_bf16.py",
+    "test_packing.py",
+    "test_translation_golden.py",
+    "test_nonfinite.py",
 )
 
 
