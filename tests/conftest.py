@@ -200,6 +200,17 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), order[id(item)]))
 
 
+@pytest.fixture(autouse=True)
+def _absl_verbosity_restored():
+    """The commands' ``main`` lowers absl's verbosity to WARNING for their own run; a test that
+    calls one in-process must not silence the INFO logs a later test in the same worker reads."""
+    from absl import logging as absl_logging
+
+    verbosity = absl_logging.get_verbosity()
+    yield
+    absl_logging.set_verbosity(verbosity)
+
+
 def shipped_models() -> set[str]:
     """The registered models the package ships: not the toys a test file registers in the
     same worker process."""

@@ -297,6 +297,7 @@ def test_read_corpus_rejects_bad_arguments():
 
 def test_read_corpus_logs_summary(caplog):
     caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="absl")  # whatever verbosity an earlier test left
     read_corpus((PLAIN_EN, PLAIN_DE))
     lines = [r.getMessage() for r in caplog.records if "documents" in r.getMessage()]
     assert lines and str(PLAIN_EN) in lines[-1] and "2 documents, 3 segments" in lines[-1]
