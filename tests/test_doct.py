@@ -214,10 +214,8 @@ def assert_nll_and_gradients_equal(model, batches, params, naive_total):
     def model_nll(p):
         return sum(model.loss(p, b, None, False)[1]["nll"].total for b in batches)
 
-    def both(p):
-        return jax.value_and_grad(model_nll)(p), jax.value_and_grad(naive_total)(p)
-
-    (nll, grads), (ref, ref_grads) = _fast(both, params)
+    nll, grads = _fast(jax.value_and_grad(model_nll), params)
+    ref, ref_grads = _fast(jax.value_and_grad(naive_total), params)
     np.testing.assert_allclose(float(nll), float(ref), rtol=1e-5)
     flat, ref_flat = jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(ref_grads)
     for (path, g), r in zip(flat, ref_flat, strict=True):
@@ -226,7 +224,7 @@ def assert_nll_and_gradients_equal(model, batches, params, naive_total):
 
 
 def _logits(model, params, batch):
-    logits, _, _ = model.forward(params, batch, None, False)
+    logits, _, _ = _fast(lambda p, b: model.forward(p, b, None, False), params, batch)
     return np.asarray(logits).reshape(batch["src"].shape[:2] + logits.shape[1:])
 
 
@@ -254,7 +252,7 @@ def test_first_sentence_equals_the_model_without_context_attention():
     doct = _logits(model, params, batch)
     ref = _logits(sentence, traverse_util.unflatten_dict(theta_s, sep="/"), batch)
     assert np.all(np.isfinite(doct))
-    grads = jax.grad(lambda p: model.loss(p, batch, None, False)[0])(params)
+    grads = _fast(jax.grad(lambda p, b: model.loss(p, b, None, False)[0]), params, batch)
     assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
     real = np.asarray(batch["tgt_mask"]) > 0
     first = np.asarray(batch["sentence_offset"]) == 0  # chunks of 3: every row starts a document
@@ -404,27 +402,27 @@ def test_cached_search_steps_equal_the_full_pass():
     params = _params(model, batch)
     module, v = model.eval_module, {"params": params}
     rows = model.rows(batch)
+    full_pass = _fast_jit(lambda v, *inputs: module.apply(v, *inputs))
     full = np.asarray(
-        module.apply(
+        full_pass(
             v,
             *(rows[k] for k in ("src", "src_mask", "tgt", "tgt_mask")),
             rows["context"],
             rows["context_mask"],
         )
     )
-    encoded, states = module.apply(
-        v,
-        rows["src"],
-        rows["src_mask"],
-        rows["context"],
-        rows["context_mask"],
-        method=module.encode,
-    )
-    extra = module.apply(
-        v, encoded, rows["src_mask"], states, rows["context_mask"], method=module.decode_inputs
+
+    def decoder_inputs(v, src, src_mask, context, context_mask):
+        encoded, states = module.apply(
+            v, src, src_mask, context, context_mask, method=module.encode
+        )
+        return module.apply(v, encoded, src_mask, states, context_mask, method=module.decode_inputs)
+
+    extra = _fast(
+        decoder_inputs, v, *(rows[k] for k in ("src", "src_mask", "context", "context_mask"))
     )
     N, T = rows["tgt"].shape
-    cache = module.apply(v, 2 * N, T, method=module.init_cache)
+    cache = _fast(lambda v: module.apply(v, 2 * N, T, method=module.init_cache), v)
     step = _fast_jit(lambda v, c, t, e: module.apply(v, c, t, e, method=module.decode_step))
     tokens = np.repeat(np.asarray(layers.shift_right(rows["tgt"], BOS_ID)), 2, axis=0)
     real = np.repeat(np.asarray(rows["tgt_mask"]) > 0, 2, axis=0)
@@ -434,15 +432,16 @@ def test_cached_search_steps_equal_the_full_pass():
         np.testing.assert_allclose(np.asarray(logits)[real[:, t]], ref[real[:, t]], atol=1e-4)
     # Greedy by full passes against beam 1.
     search = SearchConfig(beam_size=1, max_len=T, len_a=0.0, len_b=T, alpha=0.0)
-    ids = np.asarray(model.translate(params, batch, search)[0]).reshape(N, -1)
+    translated = _fast(lambda p, b: model.translate(p, b, search), params, batch)
+    ids = np.asarray(translated[0]).reshape(N, -1)
     out = np.zeros((N, T), np.int32)
     for t in range(T):
-        logits = module.apply(
+        logits = full_pass(
             v,
             rows["src"],
             rows["src_mask"],
             jnp.asarray(out),
-            jnp.ones_like(out),
+            jnp.ones_like(out, dtype=rows["tgt_mask"].dtype),
             rows["context"],
             rows["context_mask"],
         )

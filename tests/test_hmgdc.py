@@ -15,7 +15,7 @@ import pytest
 import test_doct
 from flax import traverse_util
 from test_doct import DOCS, TINY, V, WordTokenizer, _documents, encode
-from test_final import _encoder_layer, _fast, _ffn, _ln, _mha, _sinus
+from test_final import _encoder_layer, _fast, _fast_jit, _ffn, _ln, _mha, _sinus
 
 from docnmt_jax.data import pipeline as P
 from docnmt_jax.data.schema import dummy_batch
@@ -168,7 +168,7 @@ def assert_same_values_and_gradients(f, reference, params):
 
 
 def _logits(model, params, batch):
-    logits, _, _ = model.forward(params, batch, None, False)
+    logits, _, _ = _fast(lambda p, b: model.forward(p, b, None, False), params, batch)
     return np.asarray(logits).reshape(batch["src"].shape[:2] + logits.shape[1:])
 
 
@@ -290,20 +290,28 @@ def test_cached_search_equals_the_teacher_forced_pass(num_heads, folded):
     (batch,) = _batches(HM_DOCS, max_sentences=5, rows=4)
     params = _params(model, batch, seed=5)
     module, variables = model.eval_module, {"params": params}
-    encoded, states, present = module.apply(
-        variables, batch["src"], batch["src_mask"], method=module.encode
-    )
     T = batch["src"].shape[-1]
     src_mask = batch["src_mask"].reshape(-1, T)
-    extra = module.apply(variables, encoded, src_mask, states, present, method=module.decode_inputs)
+
+    def decoder_inputs(variables, src, src_mask):
+        encoded, states, present = module.apply(variables, src, src_mask, method=module.encode)
+        flat_mask = src_mask.reshape(-1, T)
+        return module.apply(
+            variables, encoded, flat_mask, states, present, method=module.decode_inputs
+        )
+
+    extra = _fast(decoder_inputs, variables, batch["src"], batch["src_mask"])
     assert (FOLDED[0] in extra["layer_0"]) == folded
     beams = 2
     rows = src_mask.shape[0]
     tgt = np.asarray(batch["tgt"]).reshape(rows, -1)
-    cache = module.apply(variables, rows * beams, tgt.shape[1], method=module.init_cache)
+    cache = _fast(
+        lambda v: module.apply(v, rows * beams, tgt.shape[1], method=module.init_cache), variables
+    )
     step = jax.jit(lambda c, t: module.apply(variables, c, t, extra, method=module.decode_step))
     token = np.full(rows * beams, BOS_ID, np.int32)
-    full = _logits(model, params, batch).reshape(rows, tgt.shape[1], -1)
+    forward = _fast_jit(lambda p, b: model.forward(p, b, None, False)[0])
+    full = np.asarray(forward(params, batch)).reshape(rows, tgt.shape[1], -1)
     real = np.asarray(batch["tgt_mask"]).reshape(rows, -1) > 0
     for t in range(tgt.shape[1]):
         logits, cache = step(cache, jnp.asarray(token))
@@ -314,15 +322,12 @@ def test_cached_search_equals_the_teacher_forced_pass(num_heads, folded):
             )
         token = np.repeat(tgt[:, t], beams).astype(np.int32)
     # Greedy search == the argmax chain of the full forward pass, re-run on its own output.
-    ids = np.asarray(
-        model.translate(params, batch, SearchConfig(beam_size=1, max_len=6, len_a=0.0, len_b=6.0))[
-            0
-        ]
-    )
+    search = SearchConfig(beam_size=1, max_len=6, len_a=0.0, len_b=6.0)
+    ids = np.asarray(_fast(lambda p, b: model.translate(p, b, search)[0], params, batch))
     chain = np.zeros_like(ids)
     for t in range(ids.shape[-1]):
         forced = dict(batch, tgt=jnp.asarray(chain), tgt_mask=jnp.ones_like(chain))
-        logits = _logits(model, params, forced)[..., t, :].copy()
+        logits = np.array(forward(params, forced)).reshape(chain.shape + (-1,))[..., t, :]
         logits[..., [PAD_ID, BOS_ID]] = -np.inf  # never searched
         chain[..., t] = logits.argmax(-1)
     present_sentences = np.asarray(batch["sentence_mask"]) > 0

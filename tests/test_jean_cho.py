@@ -47,7 +47,7 @@ def _params(model, batch, seed=0):
 
 
 def _logits(model, params, batch):
-    logits, _, _ = model.forward(params, batch, None, False)
+    logits, _, _ = _fast(lambda p, b: model.forward(p, b, None, False), params, batch)
     return np.asarray(logits).reshape(batch["src"].shape[:2] + logits.shape[1:])
 
 
@@ -111,9 +111,9 @@ def naive_nll(cfg, params, docs):
 @pytest.mark.parametrize(
     "switches",
     [
-        {},
         # About 50 s each on a busy CPU (the naive reference compiles sentence by sentence):
         # `make test-slow`; the default suite checks their logits (forward only) below.
+        pytest.param({}, marks=pytest.mark.slow),
         pytest.param(dict(gate="linear"), marks=pytest.mark.slow),
         pytest.param(dict(context_sentences=2), marks=pytest.mark.slow),
     ],
@@ -141,7 +141,9 @@ def test_loss_and_gradients_equal_the_naive_reference(switches):
 
 
 @pytest.mark.parametrize(
-    "switches", [dict(gate="linear"), dict(context_sentences=2)], ids=["linear_k1", "sigmoid_k2"]
+    "switches",
+    [{}, dict(gate="linear"), dict(context_sentences=2)],
+    ids=["sigmoid_k1", "linear_k1", "sigmoid_k2"],
 )
 def test_logits_equal_the_naive_reference(switches):
     """Forward only (fast): the unbounded gate and a context of 2 sentences, on the later
@@ -157,7 +159,8 @@ def test_logits_equal_the_naive_reference(switches):
     for k in (1, 2):
         context = [w for s in sources[max(0, k - cfg.context_sentences) : k] for w in s]
         tgt = DOCS[0][k][1] + [EOS_ID]
-        ref = np.asarray(naive_logits(cfg, params, sources[k], tgt, context))
+        ref = _fast(lambda p, s=sources[k], t=tgt, c=context: naive_logits(cfg, p, s, t, c), params)
+        ref = np.asarray(ref)
         np.testing.assert_allclose(logits[row, k, : len(tgt)], ref, atol=1e-5)
 
 
