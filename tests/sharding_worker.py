@@ -19,7 +19,8 @@ import sys
 if __name__ == "__main__":
     with open(sys.argv[1], encoding="utf-8") as f:
         SPEC = json.load(f)
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={SPEC['devices']}"
+    devices = f"--xla_force_host_platform_device_count={SPEC['devices']}"
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {devices}".strip()
 
 import jax  # noqa: E402
 import ml_collections  # noqa: E402

@@ -200,7 +200,8 @@ def test_mapping_mistakes_are_init_from_errors_naming_paths_and_shapes(
 
 
 def _train_py(*args, devices=1):
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+    env = dict(os.environ, XLA_FLAGS=flags.strip())
     return subprocess.run(
         [sys.executable, os.path.join(ROOT, "launch", "train.py"), *args],
         capture_output=True,

@@ -30,7 +30,7 @@ from docnmt_jax.data.pipeline import PipelineConfig
 from docnmt_jax.data.schema import dummy_batch
 from docnmt_jax.data.tokenizer import get_or_train_tokenizer
 from docnmt_jax.models import build_model
-from docnmt_jax.training import trainer
+from docnmt_jax.training import dev_eval, trainer
 
 WORKER = os.path.join(ROOT, "tests", "sharding_worker.py")
 CONFIGS = {"transformer": tiny_config, "final": tiny_final_config}
@@ -111,7 +111,10 @@ def one_device(synthetic_dir, tokenizer, tmp_path_factory):
         if model not in cache:
             workdir = str(tmp_path_factory.mktemp(f"one_device_{model}"))
             config = _config(synthetic_dir, model, 10, tokenizer=tokenizer, bleu=True)
-            cache[model] = trainer.train_and_evaluate(config, workdir, record_losses=True)
+            hook = dev_eval.dev_bleu_hook(config)
+            cache[model] = trainer.train_and_evaluate(
+                config, workdir, record_losses=True, dev_hook=hook
+            )
         return cache[model]
 
     return run

@@ -164,7 +164,8 @@ def test_translate_on_a_device_mesh_equals_one_device(trained_run, synthetic_dir
     one, sharded = tmp_path / "one.tsv", tmp_path / "mesh.tsv"
     common = [f"--workdir={trained_run}", f"--input={src}", "--beam=2", "--block_documents=4"]
     _run("translate.py", *common, f"--output={one}")
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4"
+    env = dict(os.environ, XLA_FLAGS=flags.strip())
     _run("translate.py", *common, f"--output={sharded}", "--mesh=2,1,2", env=env)
     assert sharded.read_text(encoding="utf-8") == one.read_text(encoding="utf-8")
     bad = subprocess.run(
