@@ -234,10 +234,11 @@ def _tiny_flags(synthetic_dir, workdir):
 @pytest.mark.slow
 def test_transformer_checkpoint_fills_final_on_eight_devices(synthetic_dir, pretrained, tmp_path):
     """Pretrained on 1 device, finetuned on 8 (data 2 x model 4) through train.py; the learning
-    rate is 0, so the finetune's checkpoint holds the restored parameters."""
+    rate is 0, so the finetune's checkpoint holds the restored parameters. FINAL's ``paper``
+    variant: post-LN like the pretrained tiny Transformer (no final encoder/decoder norms)."""
     workdir = str(tmp_path / "final")
     out = _train_py(
-        "--config=configs/final.py",
+        "--config=configs/final.py:paper",
         *_tiny_flags(synthetic_dir, workdir),
         "--config.data.max_sentences=4",
         f"--config.data.tokenizer={os.path.join(pretrained, 'spm.model')}",
