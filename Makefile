@@ -73,7 +73,8 @@ test-slow: venv sword
 
 # The accelerator's stack on CPU (requirements-jax-next.txt: jax 0.11.2 on Python 3.12, no
 # TensorFlow): the device-path tests, so an API drift is caught before a device is lent.
-PYTHON_NEXT ?= $(shell command -v python3.12 || ls /root/.pyenv/versions/3.12*/bin/python 2>/dev/null | head -n1)
+# The first Python 3.12 that runs (a pyenv shim of a version not selected does not).
+PYTHON_NEXT ?= $(shell for p in $$(command -v python3.12) $$(ls -d $$HOME/.pyenv/versions/3.12*/bin/python 2>/dev/null); do $$p -c "" 2>/dev/null && { echo $$p; break; }; done)
 VENV_NEXT ?= .venv-next
 NEXT_TESTS ?= tests/test_attention_bf16.py tests/test_accelerator_run.py \
 	tests/test_translation_golden.py tests/test_loader.py tests/test_accumulation_ema.py \
