@@ -21,7 +21,9 @@ fails leaves ``STAGE.error`` (its traceback) and the next one runs:
                pretrain -> finetune rows), each translated on the test books (beam 5) and
                scored (s-BLEU, d-BLEU, chrF; Delta_BLEU of one random-context draw for the
                document models): ``ROW.json`` and ``ROW.test.hyp.tsv`` (the paired tests of
-               ``launch/evaluate.py --baseline`` then run anywhere).
+               ``launch/evaluate.py --baseline`` then run anywhere). The converged
+               Transformer also decodes in bfloat16 (its float32 parameters): the share of
+               test sentences identical to float32's (target 95%) in ``transformer.json``.
 
 Checkpoints stay in ``--work`` (they do not come back). Every training uses the configs'
 defaults (the recipe study's), the NumPy loader when TensorFlow is missing, float32 unless
@@ -292,6 +294,8 @@ def train_row(name: str, settings: Settings, tokenizer: str) -> dict[str, Any]:
     record["decode_sentences_per_s"] = translator.stats.sentences / max(
         translator.stats.seconds, 1e-9
     )
+    if name == "transformer" and settings.dtype == "float32":
+        record["bf16_decode"] = bf16_agreement(workdir, documents, hyps, search, settings)
     if name in DOCUMENT_ROWS:
         max_len = max(config.data.max_src_len, config.data.max_tgt_len)
         usage = context_marginal.model_context_usage(
@@ -299,6 +303,25 @@ def train_row(name: str, settings: Settings, tokenizer: str) -> dict[str, Any]:
         )
         record["delta_bleu"] = usage.delta_bleu
     return record
+
+
+def bf16_agreement(
+    workdir: str, documents: list, hyps32: list, search: Any, settings: Settings
+) -> dict[str, Any]:
+    """The converged run's float32 parameters searched again with the model computing in
+    bfloat16: the share of test sentences identical to float32's (experiments/bf16_decode.py,
+    target 95%) and both dtypes' scores; the bfloat16 hypotheses in
+    ``transformer.test.bfloat16.hyp.tsv``."""
+    from docnmt_jax.files import write_hypotheses
+    from docnmt_jax.training import restore
+    from experiments.bf16_decode import compare
+
+    translator, _ = restore.load_translator(workdir, "latest", search, dtype="bfloat16")
+    hyps16 = translator.translate(documents, progress="transformer test bfloat16")
+    write_hypotheses(
+        os.path.join(settings.out, "transformer.test.bfloat16.hyp.tsv"), documents, hyps16
+    )
+    return compare({"float32": hyps32, "bfloat16": hyps16}, documents)
 
 
 def train_stage(settings: Settings) -> dict[str, Any]:
@@ -344,6 +367,10 @@ def _summary_line(stage: str, record: dict[str, Any], seconds: float) -> str:
             f"{name} s-BLEU {r['test']['s_bleu']:.2f}" if "test" in r else f"{name} failed"
             for name, r in record.items()
         ]
+        if "bf16_decode" in record.get("transformer", {}):
+            parts.append(
+                f"bf16 decode {record['transformer']['bf16_decode']['identical']:.1%} identical"
+            )
         return f"- train ({seconds:.0f} s): " + ", ".join(parts)
     if stage == "versions":
         return f"- versions: {record['device_kind']}, jax {record['packages']['jax']}"

@@ -52,7 +52,12 @@ def test_smoke_run_writes_every_stage(synthetic_dir, tmp_path):
         assert ("delta_bleu" in record) == (name in accelerator_run.DOCUMENT_ROWS), name
         lines = open(out / f"{name}.test.hyp.tsv", encoding="utf-8").read().splitlines()
         assert len(lines) == 1 + test_sentences, name
+    agreement = json.load(open(out / "transformer.json"))["bf16_decode"]
+    assert agreement["sentences"] == test_sentences and 0 <= agreement["identical"] <= 1
+    lines = open(out / "transformer.test.bfloat16.hyp.tsv", encoding="utf-8").read().splitlines()
+    assert len(lines) == 1 + test_sentences
     summary = open(out / "summary.md").read()
+    assert "bf16 decode" in summary
     for stage in accelerator_run.STAGES:
         assert f"- {stage}" in summary
     assert "FAILED" not in summary
