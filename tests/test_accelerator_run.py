@@ -53,9 +53,12 @@ def test_smoke_run_writes_every_stage(synthetic_dir, tmp_path):
         lines = open(out / f"{name}.test.hyp.tsv", encoding="utf-8").read().splitlines()
         assert len(lines) == 1 + test_sentences, name
     agreement = json.load(open(out / "transformer.json"))["bf16_decode"]
-    assert agreement["sentences"] == test_sentences and 0 <= agreement["identical"] <= 1
-    lines = open(out / "transformer.test.bfloat16.hyp.tsv", encoding="utf-8").read().splitlines()
-    assert len(lines) == 1 + test_sentences
+    f32 = open(out / "transformer.test.hyp.tsv", encoding="utf-8").read().splitlines()[1:]
+    bf16 = open(out / "transformer.test.bfloat16.hyp.tsv", encoding="utf-8").read().splitlines()
+    assert len(bf16) == 1 + test_sentences
+    same = sum(a == b for a, b in zip(f32, bf16[1:], strict=True))  # counted from the files
+    assert agreement["sentences"] == test_sentences
+    assert abs(agreement["identical"] - same / test_sentences) < 1e-12
     summary = open(out / "summary.md").read()
     assert "bf16 decode" in summary
     for stage in accelerator_run.STAGES:
