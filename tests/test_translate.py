@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, tiny_config
 
-from docnmt_jax.data import readers
+from docnmt_jax.data import readers, translation_plan
 from docnmt_jax.decoding import translator as translator_lib
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.training import dev_eval, restore, trainer
@@ -120,42 +120,24 @@ def test_progress_bar_counts_every_sentence_once(trained_run, synthetic_dir, mon
     assert len(bar.updates) == translator.stats.batches // 2 > 1 and sum(bar.updates) == by_hand
 
 
-def test_trim_padding_rows_known_answers():
-    def batch(doc_index):
-        rows = len(doc_index)
-        return {"doc_index": np.array(doc_index), "src": np.arange(rows * 6).reshape(rows, 2, 3)}
-
-    cases = [  # (doc_index, multiple, expected rows)
-        ([0, 1, 2, -1, -1, -1, -1, -1], 1, 4),
-        ([0, -1, -1, -1, -1, -1, -1, -1], 1, 1),
-        ([0, 1, 2, 3, 4, -1, -1, -1], 1, 8),  # 8 rows needed: unchanged
-        ([0, 1, 2, 3, -1, -1, -1, -1, -1, -1, -1, -1], 3, 6),
-        ([0, 1, -1, -1], 2, 2),
-        ([-1, -1, -1, -1], 1, 1),
-        ([0, 1, 2, 3], 1, 4),
-    ]
-    for doc_index, multiple, expected in cases:
-        whole = batch(doc_index)
-        trimmed = translator_lib.trim_padding_rows(whole, multiple)
-        assert trimmed["doc_index"].shape[0] == expected, (doc_index, multiple)
-        for key in whole:
-            np.testing.assert_array_equal(trimmed[key], whole[key][:expected])
-
-
-def test_trimmed_batches_translate_like_full_ones(trained_run, synthetic_dir, monkeypatch):
-    """A small input searches fewer rows than the pipeline's padded batch, same output."""
+def test_small_inputs_translate_like_full_batches(trained_run, synthetic_dir, monkeypatch):
+    """A small input searches fewer rows than the token budget's batch, same output."""
     docs = readers.read_tsv(os.path.join(synthetic_dir, "dev.tsv"))[:2]
     search = SearchConfig(beam_size=2)
     translator, _ = restore.load_translator(trained_run, "latest", search)
     shapes = []
     jitted = translator._search
     translator._search = lambda p, b: shapes.append(b["src"].shape) or jitted(p, b)
-    trimmed = translator.translate(docs)
+    small = translator.translate(docs)
     config = translator.pipeline_config
-    assert shapes and all(rows < config.batch_size(1, t) for rows, _, t in shapes)
-    monkeypatch.setattr(translator_lib, "trim_padding_rows", lambda batch, multiple: batch)
+    assert shapes and all(rows < config.batch_size(s, t) for rows, s, t in shapes)
+    monkeypatch.setattr(
+        translation_plan.TranslationPlan,
+        "_rows",
+        lambda self, s, t, n: self.config.batch_size(s, t),
+    )
     full, _ = restore.load_translator(trained_run, "latest", search)
-    assert full.translate(docs) == trimmed
+    assert full.translate(docs) == small
 
 
 def test_translate_on_a_device_mesh_equals_one_device(trained_run, synthetic_dir, tmp_path):

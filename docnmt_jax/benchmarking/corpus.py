@@ -12,8 +12,8 @@ to the sentence Transformer of the same layout, and packed to grid for each mode
 Then translation speed on the real test books: the documents of ``--corpus-test-tsv`` (the
 Bible's test split by default; its first ``--corpus-test-docs`` if given; ``''``: skipped).
 Every model translates them the way ``launch/translate.py`` does -- the Translator's own
-pipeline config (FINAL's budget counting one sentence per chunk), blocks of 256 documents, the
-last batches trimmed (``trim_padding_rows``), the search compiled by
+pipeline config (FINAL's budget counting one sentence per chunk), blocks of 256 documents
+planned by ``Translator.batches`` (few shapes, chunks grouped by length), the search compiled by
 ``search.compile_translate`` -- with beam ``--beam`` and greedy, in batches of
 ``--corpus-translate-tokens`` source tokens. Parameters: a trained run with
 ``--corpus-checkpoint MODEL=WORKDIR`` (restored as ``translate.py`` restores it: the best
@@ -184,10 +184,10 @@ def parse_checkpoints(specs: list[str] | None, models: list[str]) -> dict[str, s
 
 
 class TranslateRun:
-    """One model, one search over the test documents: the Translator's batches (planned by
-    its own pipeline config, in blocks of :data:`BLOCK_DOCUMENTS`, trimmed as it trims them)
-    and its compiled search, one call = one whole pass; the first pass (compiling every
-    shape) is run here, untimed, and its outputs checked: every test sentence translated."""
+    """One model, one search over the test documents: the Translator's batches (its
+    ``batches``, in blocks of :data:`BLOCK_DOCUMENTS`) and its compiled search, one call = one
+    whole pass; the first pass (compiling every shape) is run here, untimed, and its outputs
+    checked: every test sentence translated."""
 
     def __init__(
         self,
@@ -205,20 +205,14 @@ class TranslateRun:
         import numpy as np
 
         from docnmt_jax.benchmarking.compilation import CompileWatch
-        from docnmt_jax.data import pipeline as P
         from docnmt_jax.decoding.search import compile_translate
-        from docnmt_jax.decoding.translator import Translator, trim_padding_rows
+        from docnmt_jax.decoding.translator import Translator
 
         self.name, self.search, self.forced_len, self.source = name, search, forced_len, source
         translator = Translator(model, params, tokenizer, search, **translator_options)
-        config = translator.pipeline_config
         self.batches: list[Results] = []
         for start in range(0, len(documents), BLOCK_DOCUMENTS):
-            plan = P.plan_batches(
-                documents[start : start + BLOCK_DOCUMENTS], tokenizer.encode_batch, config
-            )
-            for batch in P.numpy_batches(plan):
-                self.batches.append(trim_padding_rows(batch, config.batch_multiple))
+            self.batches += translator.batches(documents[start : start + BLOCK_DOCUMENTS])
         translate = compile_translate(model, search)  # what the Translator runs
 
         def call() -> list[Any]:

@@ -5,8 +5,9 @@ The model-specific part is the model's search (the search capability,
 :meth:`~docnmt_jax.models.contract.Searchable.translate`, compiled by
 :func:`~docnmt_jax.decoding.search.compile_translate`: ``(params, batch) -> (ids [B, S, L],
 aux)``; a model without it is a one-line :class:`~docnmt_jax.errors.CapabilityError`); this
-module feeds it fixed-shape batches from the document pipeline laid out as the model declares
-(``model.layout``), so it compiles once per shape, puts the detokenised sentences back in
+module feeds it fixed-shape batches of the model's chunks (``model.layout``), grouped by length
+in at most four shapes (:class:`~docnmt_jax.data.translation_plan.TranslationPlan`), so it
+compiles once per shape, puts the detokenised sentences back in
 input order, and streams long inputs block by block so memory does not grow with the input.
 ``translate.py`` and dev BLEU during training run this same class, on one device or on a mesh
 (``mesh``: batch rows split over ``data x fsdp``).
@@ -50,6 +51,7 @@ from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.tokenized import LongSentencesError, TokenizedCorpus
 from docnmt_jax.data.tokenizer import PAD_ID, Tokenizer
+from docnmt_jax.data.translation_plan import TranslationPlan
 from docnmt_jax.decoding.search import SearchConfig, TranslateFn, compile_translate
 from docnmt_jax.errors import TextTooLongError
 from docnmt_jax.models.contract import Searchable, SlotSearch, require
@@ -119,26 +121,6 @@ class TranslationStats:
                 "be cut: raise --max_len)"
             )
         return text
-
-
-def trim_padding_rows(batch: dict[str, np.ndarray], multiple: int = 1) -> dict[str, np.ndarray]:
-    """``batch`` cut to the smallest power-of-two multiple of ``multiple`` rows (at least
-    ``multiple``) that holds every real row (``doc_index >= 0``), when that is fewer rows.
-
-    The pipeline pads a bucket's last batch to the full row count; a search costs the same
-    for padding rows as for real ones, so a small input (a few sentences; FINAL's batches have
-    S times more rows) would cost a whole batch. Powers of two bound the extra compilations
-    at ``log2(rows)`` per bucket shape.
-    """
-    real = np.flatnonzero(batch["doc_index"] >= 0)
-    rows = batch["doc_index"].shape[0]
-    needed = int(real[-1]) + 1 if real.size else 1
-    target = multiple
-    while target < needed:
-        target *= 2
-    if target >= rows:
-        return batch
-    return {key: value[:target] for key, value in batch.items()}
 
 
 def count_capped(
@@ -224,9 +206,7 @@ class Translator:
         out: list[list[str | None]] = [[None] * len(doc) for doc in documents]
         # Only the source matters; references (if any) are not looked at.
         sources = [Document(d.doc_id, d.src, ("",) * len(d)) for d in documents]
-        plan = pipeline_lib.plan_batches(self._tokenize(sources))
-        for batch in pipeline_lib.numpy_batches(plan):
-            batch = trim_padding_rows(batch, self.pipeline_config.batch_multiple)
+        for batch in self.batches(sources):
             self.stats.shapes.add(tuple(batch["src"].shape))
             search, translate = self._search_for(batch["src"].shape[-1])
             ids, aux = translate(self.params, batch)
@@ -266,6 +246,13 @@ class Translator:
         self.stats.sentences += sum(len(doc) for doc in documents)
         self.stats.seconds += time.perf_counter() - start
         return out  # type: ignore[return-value]
+
+    def batches(self, sources: Sequence[Document]) -> Iterator[dict[str, np.ndarray]]:
+        """The batches that translate ``sources``: a :class:`TranslationPlan` of the model's
+        chunks (at most four shapes, chunks grouped by length; one compiled search per
+        shape)."""
+        corpus = self._tokenize(sources)
+        yield from pipeline_lib.numpy_batches(TranslationPlan(corpus, corpus.config))
 
     def _tokenize(self, sources: Sequence[Document]) -> TokenizedCorpus:
         """``sources`` tokenised whole, under the source limit that holds their longest
