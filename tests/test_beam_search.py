@@ -364,3 +364,10 @@ def test_transformer_early_stop_is_exact(params):
         assert int(full.num_steps) == int(jnp.max(limits))
         steps.append(int(early.num_steps))
     assert min(steps) < int(jnp.max(limits))  # the early stop did trigger
+
+
+def test_output_limits_known_answers():
+    """``floor(len_a * tokens + len_b)`` clipped to ``[1, max_len]``; 1 for an empty row."""
+    src_mask = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], np.int32)
+    limits = np.asarray(source_length_limits(src_mask, 1.5, 2, 7))
+    np.testing.assert_array_equal(limits, [6, 3, 1, 7])

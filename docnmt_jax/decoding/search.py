@@ -66,9 +66,12 @@ class SearchConfig:
 
 
 def source_length_limits(src_mask: Array, len_a: float, len_b: float, max_len: int) -> Array:
-    """Per-example output limits ``clip(floor(len_a * source_tokens + len_b), 1, max_len)``."""
+    """Per-example output limits ``clip(floor(len_a * source_tokens + len_b), 1, max_len)``;
+    1 (EOS at once) for a row without source tokens: a batch's padding rows and sentence
+    slots, whose outputs are dropped, never keep a search running."""
     src_len = jnp.sum(src_mask > 0, axis=-1).astype(jnp.float32)
-    return jnp.clip(jnp.floor(len_a * src_len + len_b), 1, max_len).astype(jnp.int32)
+    limits = jnp.clip(jnp.floor(len_a * src_len + len_b), 1, max_len).astype(jnp.int32)
+    return jnp.where(src_len > 0, limits, 1)
 
 
 def sentence_limits(src_mask: Array, search: SearchConfig) -> tuple[int, Array]:
