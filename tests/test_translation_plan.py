@@ -23,7 +23,11 @@ from docnmt_jax.data.documents import Document  # noqa: E402
 from docnmt_jax.data.readers import read_tsv  # noqa: E402
 from docnmt_jax.data.spec import PipelineConfig  # noqa: E402
 from docnmt_jax.data.tokenized import tokenize_corpus  # noqa: E402
-from docnmt_jax.data.translation_plan import TranslationPlan, length_buckets  # noqa: E402
+from docnmt_jax.data.translation_plan import (  # noqa: E402
+    TranslationPlan,
+    length_buckets,
+    row_counts,
+)
 from docnmt_jax.decoding.translator import Translator  # noqa: E402
 
 INPUT = os.path.join(os.path.dirname(__file__), "data", "golden", "input.tsv")
@@ -133,3 +137,8 @@ def test_translations_equal_the_grid_plans(key, search):
     old = _GridTranslator(model, params, _tokenizer(), SEARCHES[search], **options)
     assert new.translate(documents) == old.translate(documents)
     assert new.stats.compilations <= 4
+
+
+def test_row_counts_known_answers():
+    assert row_counts(64, 1) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert row_counts(20, 4) == [4, 8, 12, 16, 20]

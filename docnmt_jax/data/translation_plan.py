@@ -15,9 +15,11 @@ Choosing the shapes: start from every bucket the chunks use (the grid's sentence
 ``max_shapes`` remain, drop the one whose removal adds the fewest token slots (its chunks move
 to the cheapest kept shape that holds them; the largest bucket is never dropped, so every
 chunk has one). The cost of a shape is its batches' slots ``batches * B * S * T``, padding
-rows included. ``B`` is the token budget's (``PipelineConfig.batch_size``), or for a shape
-with fewer chunks than that the power of two (times ``batch_multiple``) that holds them: a
-few sentences do not cost a whole batch, and the shape count stays ``<= max_shapes``.
+rows included. ``B`` is at most the token budget's (``PipelineConfig.batch_size``): a
+shape's chunks are spread evenly over as few batches as the budget allows, and ``B`` is the
+next of :func:`row_counts` (eighths of the budget, powers of two below) that holds them, so a
+few sentences do not cost a whole batch, a shape's last batch is not mostly padding, and the
+shape count stays ``<= max_shapes``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,22 @@ from docnmt_jax.data.tokenized import TokenizedCorpus
 
 #: Batch shapes of a translation plan (each compiles the model's search programs).
 MAX_SHAPES = 4
+
+
+def row_counts(budget: int, multiple: int) -> list[int]:
+    """The row counts a batch may have under a budget of ``budget`` rows: ``k/8`` of it
+    (``k = 1..8``) and the powers of two below that, all multiples of ``multiple``. A finite
+    set, so blocks reuse shapes; a shape's batches waste at most ``budget/8`` rows."""
+
+    def up(r: int) -> int:
+        return max(multiple, -(-r // multiple) * multiple)
+
+    counts = {up(budget * k // 8) for k in range(1, 9)}
+    power = 1
+    while power < budget // 8:
+        counts.add(up(power))
+        power *= 2
+    return sorted(c for c in counts if c <= budget) or [budget]
 
 
 def length_buckets(maximum: int) -> np.ndarray:
@@ -82,13 +100,17 @@ class TranslationPlan(BatchPlan):
         return self._plan
 
     def _rows(self, s: int, t: int, chunks: int) -> int:
-        """Rows of a batch of shape ``(s, t)`` holding ``chunks`` chunks in all."""
+        """Rows of a batch of shape ``(s, t)`` holding ``chunks`` chunks in all: as few
+        batches as the budget allows, balanced, each rounded up to the next of a few row
+        counts (module docstring), so a shape's last batch is not mostly padding."""
         cfg = self.config
         budget = cfg.batch_size(s, t)
-        rows = math.lcm(cfg.process_count, cfg.batch_multiple)
-        while rows < min(chunks, budget):
-            rows *= 2
-        return min(rows, budget) if chunks < budget else budget
+        needed = -(-chunks // -(-chunks // budget))  # balanced over ceil(chunks / budget)
+        return min(
+            r
+            for r in row_counts(budget, math.lcm(cfg.process_count, cfg.batch_multiple))
+            if r >= needed
+        )
 
     def _assign(self, kept: list[tuple[int, int]]) -> tuple[np.ndarray, int]:
         """Each chunk's kept shape (index into ``kept``, the cheapest that holds it) and the
