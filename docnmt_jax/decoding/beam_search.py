@@ -20,6 +20,15 @@ with ``alpha=0`` exactly argmax decoding) enter the finished pool with their nor
 An example is done when it has no live beam, or its pool is full and no live beam can reach
 the worst finished score: with log-probabilities <= 0 a live beam's best future score is
 ``lp / max(lp_pen(len + 1), lp_pen(limit))``, so stopping early never changes the result.
+
+Sampling (``sampling=``:class:`Sampling`) runs the same loop with ``beam`` independent samples
+per example: each live sample draws its next token from the model's distribution over the
+allowed tokens, reshaped by a temperature and truncated to the ``top_k`` tokens and/or the
+nucleus of probability ``top_p`` (Holtzman et al. 2020); a sample's recorded log-probability
+is the model's own (untempered ``log_softmax``, as a beam's and as teacher forcing score it),
+and the finished samples are ranked by the same length-normalised score. Every sample runs to
+its EOS (no early stop). Draws come from ``PRNGKey(seed)`` folded with the step: the same
+inputs in the same batch draw the same samples.
 """
 
 from __future__ import annotations
@@ -85,6 +94,18 @@ class BeamState(NamedTuple):
     best_score: Array
 
 
+class Sampling(NamedTuple):
+    """Sampling settings: ``temperature`` (> 0) divides the logits; ``top_k`` (0: off) keeps
+    the ``k`` most probable tokens; ``top_p`` (1: off) keeps the smallest set of most
+    probable tokens whose probability reaches ``p`` (the most probable token always stays);
+    ``seed`` seeds the draws."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
 def length_penalty(length: Array | int, alpha: float) -> Array:
     """Wu et al. (2016) length penalty ``((5 + length) / 6) ** alpha`` (float32)."""
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
@@ -133,6 +154,7 @@ def beam_search(
     early_stopping: bool = True,
     allow_bos: bool = False,
     keep_best_cache: bool = False,
+    sampling: Sampling | None = None,
 ) -> BeamResult:
     """Beam search for a batch of ``B`` examples; pure and jit-able (see the module docstring).
 
@@ -157,6 +179,8 @@ def beam_search(
         (``BeamResult.best_cache``). Whenever a finished hypothesis beats its example's best so
         far (strictly: the earlier one wins ties, as in the pool's order), its parent beam's
         updated cache is copied, only on steps where some example improves.
+      sampling: draw ``beam_size`` independent samples per example instead of searching
+        (module docstring); ``early_stopping`` is then off.
 
     Returns:
       :class:`BeamResult`; every example has at least one hypothesis.
@@ -169,8 +193,8 @@ def beam_search(
     else:
         limits = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_len)
     rules = _Rules(
-        beam_size, alpha, max_len, eos_id, bos_id, pad_id, early_stopping, allow_bos,
-        keep_best_cache,
+        beam_size, alpha, max_len, eos_id, bos_id, pad_id,
+        early_stopping and sampling is None, allow_bos, keep_best_cache, sampling,
     )  # fmt: skip
     state = _initial_state(cache, batch, rules)
 
@@ -195,6 +219,7 @@ class _Rules(NamedTuple):
     early_stopping: bool
     allow_bos: bool
     keep_best_cache: bool
+    sampling: Sampling | None = None
 
 
 def _batch_size(cache: Cache, extra: Extra) -> int:
@@ -216,7 +241,10 @@ def _initial_state(cache: Cache, batch: int, rules: _Rules) -> BeamState:
         step=jnp.zeros((), jnp.int32),
         live_seqs=jnp.full((batch, K, max_len), pad_id, jnp.int32),
         live_log_probs=jnp.zeros((batch, K), jnp.float32),
-        live_valid=jnp.broadcast_to(jnp.arange(K) == 0, (batch, K)),
+        # a search starts from one beam; every sample is live from the start
+        live_valid=jnp.broadcast_to(
+            (jnp.arange(K) == 0) | (rules.sampling is not None), (batch, K)
+        ),
         live_cache=tile_beams(cache, K),
         finished_seqs=jnp.full((batch, K, max_len), pad_id, jnp.int32),
         finished_scores=jnp.full((batch, K), NEG_INF, jnp.float32),
@@ -250,18 +278,20 @@ def _beam_step(
     prev = jax.lax.dynamic_index_in_dim(s.live_seqs, jnp.maximum(t - 1, 0), 2, False)
     tokens = jnp.where(t == 0, rules.bos_id, prev)  # [B, K]
     logits, new_cache = step_fn(s.live_cache, tokens.reshape(-1), extra)
-    cand_lp, cand_valid, cand_token = _beam_candidates(
-        logits.reshape(batch, K, -1),
-        s.live_log_probs,
-        s.live_valid,
-        forced=t + 1 >= limits,
-        banned=(rules.pad_id,) if rules.allow_bos else (rules.pad_id, rules.bos_id),
-        eos_id=rules.eos_id,
-    )
-    width = cand_lp.shape[-1] // K
-    _, top = jax.lax.top_k(jnp.where(cand_valid, cand_lp, -jnp.inf), 2 * K)  # [B, 2K]
-    top_lp, top_valid = _take(cand_lp, top), _take(cand_valid, top)
-    parent, token = top // width, _take(cand_token, top)
+    banned = (rules.pad_id,) if rules.allow_bos else (rules.pad_id, rules.bos_id)
+    logits = logits.reshape(batch, K, -1)
+    if rules.sampling is not None:
+        top_lp, top_valid, parent, token = _sampled_candidates(
+            logits, s, t + 1 >= limits, banned, rules
+        )
+    else:
+        cand_lp, cand_valid, cand_token = _beam_candidates(
+            logits, s.live_log_probs, s.live_valid, t + 1 >= limits, banned, rules.eos_id
+        )
+        width = cand_lp.shape[-1] // K
+        _, top = jax.lax.top_k(jnp.where(cand_valid, cand_lp, -jnp.inf), 2 * K)  # [B, 2K]
+        top_lp, top_valid = _take(cand_lp, top), _take(cand_valid, top)
+        parent, token = top // width, _take(cand_token, top)
     top_seqs = jax.lax.dynamic_update_slice_in_dim(
         _take(s.live_seqs, parent), token[:, :, None], t, axis=2
     )
@@ -383,6 +413,54 @@ def _beam_candidates(
     valid = live_valid[:, :, None] & allowed
     cand_lp = live_log_probs[:, :, None] + jnp.where(allowed, log_probs, NEG_INF)
     return cand_lp.reshape(batch, -1), valid.reshape(batch, -1), tokens.reshape(batch, -1)
+
+
+def _sampled_candidates(
+    logits: Array, s: BeamState, forced: Array, banned: tuple[int, ...], rules: _Rules
+) -> tuple[Array, Array, Array, Array]:
+    """One drawn token per live sample, laid out as a search step's ``2K`` candidates (the
+    ``K`` draws in their samples' order, then ``K`` invalid slots): log-probabilities,
+    validity, parent and token ``[B, 2K]``. At an example's limit (``forced [B]``) the
+    token is EOS."""
+    rule = rules.sampling
+    batch, K, V = logits.shape
+    logits = logits.astype(jnp.float32)
+    log_probs = jax.nn.log_softmax(logits, axis=-1)  # the model's, for the score
+    allowed = jnp.ones((V,), bool).at[jnp.asarray(banned)].set(False)
+    shaped = jnp.where(allowed, logits / rule.temperature, -jnp.inf)
+    shaped = _truncated(shaped, rule.top_k, rule.top_p)
+    key = jax.random.fold_in(jax.random.PRNGKey(rule.seed), s.step)
+    drawn = jax.random.categorical(key, shaped, axis=-1).astype(jnp.int32)  # [B, K]
+    token = jnp.where(forced[:, None], rules.eos_id, drawn)
+    token_lp = jnp.take_along_axis(log_probs, token[..., None], axis=-1)[..., 0]
+    pad = jnp.zeros((batch, K), bool)
+    return (
+        jnp.concatenate([s.live_log_probs + token_lp, jnp.full((batch, K), NEG_INF)], 1),
+        jnp.concatenate([s.live_valid, pad], 1),
+        jnp.concatenate([jnp.broadcast_to(jnp.arange(K), (batch, K)), pad.astype(jnp.int32)], 1),
+        jnp.concatenate([token, jnp.full((batch, K), rules.pad_id, jnp.int32)], 1),
+    )
+
+
+def _truncated(logits: Array, top_k: int, top_p: float) -> Array:
+    """``logits [..., V]`` with every token outside the ``top_k`` most probable (``0``: no
+    limit) or outside the nucleus of probability ``top_p`` (``1``: no limit) set to
+    ``-inf``; the nucleus is the smallest prefix of the tokens sorted by probability whose
+    mass reaches ``top_p``."""
+    if top_k <= 0 and top_p >= 1.0:
+        return logits
+    order = jnp.argsort(-logits, axis=-1)
+    ranked = jnp.take_along_axis(logits, order, axis=-1)
+    keep = jnp.ones(ranked.shape, bool)
+    if top_k > 0:
+        keep &= jnp.arange(ranked.shape[-1]) < top_k
+    if top_p < 1.0:
+        probs = jax.nn.softmax(ranked, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        keep &= mass_before < top_p
+    kept = jnp.where(keep, ranked, -jnp.inf)
+    inverse = jnp.argsort(order, axis=-1)
+    return jnp.take_along_axis(kept, inverse, axis=-1)
 
 
 def _where_rows(condition: Array, x: Array, y: Array) -> Array:

@@ -33,7 +33,7 @@ import numpy as np
 
 from docnmt_jax import parallel
 from docnmt_jax.data.tokenizer import PAD_ID
-from docnmt_jax.decoding.beam_search import BeamResult, beam_search
+from docnmt_jax.decoding.beam_search import BeamResult, Sampling, beam_search, length_penalty
 
 Array = jax.Array
 PyTree = Any
@@ -42,10 +42,14 @@ TranslateFn = Callable[[PyTree, dict[str, Any]], tuple[Array, dict[str, Array]]]
 
 @dataclasses.dataclass(frozen=True)
 class SearchConfig:
-    """Beam search settings; the papers decode with beam 5 and length penalty 0.6.
+    """Search settings; the papers decode with beam 5 and length penalty 0.6.
 
     A sentence's output is limited to ``min(max_len, floor(len_a * source_tokens + len_b))``
-    tokens including EOS.
+    tokens including EOS. ``nbest``: hypotheses reported per sentence (``aux["nbest_*"]``,
+    :func:`sentence_outputs`; at most the beam). ``sample``: draw ``nbest`` samples per
+    sentence instead of searching (``temperature``, ``top_k``, ``top_p``, ``seed``:
+    :class:`~docnmt_jax.decoding.beam_search.Sampling`); the best-scoring one is the
+    translation.
     """
 
     beam_size: int = 5
@@ -53,12 +57,39 @@ class SearchConfig:
     len_a: float = 1.5
     len_b: int = 10
     max_len: int = 256
+    nbest: int = 1
+    sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
             raise ValueError(f"beam size must be >= 1, got {self.beam_size}")
         if self.max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {self.max_len}")
+        if self.nbest < 1 or (not self.sample and self.nbest > self.beam_size):
+            raise ValueError(
+                f"nbest must be between 1 and the beam size {self.beam_size}, got {self.nbest}"
+            )
+        if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError(
+                "sampling needs temperature > 0, 0 < top_p <= 1 and top_k >= 0; got "
+                f"{self.temperature}, {self.top_p}, {self.top_k}"
+            )
+
+    @property
+    def width(self) -> int:
+        """Hypotheses the search keeps per sentence: the beam, or the samples drawn."""
+        return self.nbest if self.sample else self.beam_size
+
+    @property
+    def sampling(self) -> Sampling | None:
+        """The sampling rule of :func:`beam_search` (``None``: beam search)."""
+        if not self.sample:
+            return None
+        return Sampling(self.temperature, self.top_k, self.top_p, self.seed)
 
     def output_len(self, source_len: int) -> int:
         """Static output length of a batch whose source sentences have ``source_len`` slots."""
@@ -106,12 +137,42 @@ def search_decoder(
         step_fn,
         cache,
         extra,
-        beam_size=search.beam_size,
+        beam_size=search.width,
         alpha=search.alpha,
         max_len=max_len,
         max_lengths=max_lengths,
+        sampling=search.sampling,
         **options,
     )
+
+
+def nbest_outputs(result: BeamResult, search: SearchConfig) -> dict[str, Array]:
+    """The ``search.nbest`` best hypotheses of every row of ``result``, best first:
+    ``nbest_ids [N, n, L]``, ``nbest_scores [N, n]`` (length-normalised, the ranking) and
+    ``nbest_log_probs [N, n]`` (``log p(y | x, context)``, the sum a teacher-forced
+    :meth:`~docnmt_jax.models.contract.Model.score` gives); ``{}`` when ``nbest`` is 1. An
+    empty slot (fewer hypotheses than asked) has score and log-probability ``-inf``."""
+    n = search.nbest
+    if n == 1:
+        return {}
+    scores = result.scores[:, :n]
+    log_probs = scores * length_penalty(jnp.maximum(result.lengths[:, :n], 1), search.alpha)
+    return {
+        "nbest_ids": result.sequences[:, :n],
+        "nbest_scores": scores,
+        "nbest_log_probs": jnp.where(jnp.isfinite(scores), log_probs, -jnp.inf),
+    }
+
+
+def sentence_outputs(
+    result: BeamResult, shape: tuple[int, ...], search: SearchConfig
+) -> tuple[Array, dict[str, Array]]:
+    """A sentence-per-row search's translation: the best hypothesis of every row as ids
+    ``shape + (L,)`` (e.g. ``[B, S, L]``), and the aux of :func:`nbest_outputs` with its
+    leading row axis reshaped to ``shape``."""
+    ids = result.sequences[:, 0].reshape(shape + result.sequences.shape[-1:])
+    aux = {k: v.reshape(shape + v.shape[1:]) for k, v in nbest_outputs(result, search).items()}
+    return ids, aux
 
 
 def search_rows(
@@ -175,19 +236,29 @@ def pad_empty_sentences(ids: Array, src_mask: Array) -> Array:
 
 def _slot_step(
     model: Any, params: PyTree, memory: PyTree, slot: PyTree, search: SearchConfig
-) -> tuple[PyTree, Array]:
+) -> tuple[PyTree, tuple[Array, dict[str, Array]]]:
     result = model.search_slot(params, memory, slot, search)
-    return memory_from_best(result), result.sequences[:, 0]
+    return memory_from_best(result), (result.sequences[:, 0], nbest_outputs(result, search))
+
+
+def _slot_outputs(
+    ids: Array, aux: dict[str, Array], src_mask: Array
+) -> tuple[Array, dict[str, Array]]:
+    """Per-slot outputs stacked ``[S, B, ...]`` -> ``[B, S, ...]``, padding sentences PAD."""
+    aux = {k: v.swapaxes(0, 1) for k, v in aux.items()}
+    return pad_empty_sentences(ids.swapaxes(0, 1), src_mask), aux
 
 
 def scan_slots(
     model: Any, params: PyTree, batch: dict[str, Array], search: SearchConfig
 ) -> tuple[Array, dict[str, Array]]:
     """Slot-by-slot search as one pure, jit-able function (``lax.scan`` over the ``S``
-    slots): ``(ids [B, S, L], {})``, padding sentences PAD."""
+    slots): ``(ids [B, S, L], aux)``, padding sentences PAD; ``aux`` as
+    :func:`sentence_outputs`'s."""
     slots, memory = model.search_inputs(params, batch, search)
-    _, ids = jax.lax.scan(lambda m, s: _slot_step(model, params, m, s, search), memory, slots)
-    return pad_empty_sentences(ids.swapaxes(0, 1), batch["src_mask"]), {}
+    step = functools.partial(_slot_step, model, params, search=search)
+    _, (ids, aux) = jax.lax.scan(step, memory, slots)
+    return _slot_outputs(ids, aux, batch["src_mask"])
 
 
 def _loop_slots(model: Any, search: SearchConfig, jit: Callable[..., Any]) -> TranslateFn:
@@ -202,15 +273,20 @@ def _loop_slots(model: Any, search: SearchConfig, jit: Callable[..., Any]) -> Tr
         return _slot_step(model, params, memory, slot, search)
 
     search_slot = jit(slot_fn, donate_argnums=1)
-    finish = jit(lambda ids, src_mask: pad_empty_sentences(jnp.stack(ids, 1), src_mask), out=True)
+
+    def stacked(outputs: list[Any], src_mask: Array) -> tuple[Array, dict[str, Array]]:
+        ids, aux = jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
+        return _slot_outputs(ids, aux, src_mask)
+
+    finish = jit(stacked, out=True)
 
     def translate(params: PyTree, batch: dict[str, Any]) -> tuple[Array, dict[str, Array]]:
         slots, memory = prepare(params, batch)
-        ids = []
+        outputs = []
         for k in range(batch["src"].shape[1]):
-            memory, ids_k = search_slot(params, memory, slots, np.int32(k))
-            ids.append(ids_k)
-        return finish(ids, batch["src_mask"]), {}
+            memory, output = search_slot(params, memory, slots, np.int32(k))
+            outputs.append(output)
+        return finish(outputs, batch["src_mask"])
 
     return translate
 

@@ -53,7 +53,7 @@ from docnmt_jax.data.tokenized import LongSentencesError, TokenizedCorpus
 from docnmt_jax.data.tokenizer import PAD_ID, Tokenizer
 from docnmt_jax.data.translation_plan import TranslationPlan
 from docnmt_jax.decoding.search import SearchConfig, TranslateFn, compile_translate
-from docnmt_jax.errors import TextTooLongError
+from docnmt_jax.errors import CapabilityError, TextTooLongError
 from docnmt_jax.models.contract import Searchable, SlotSearch, require
 
 #: The source limit used to tokenise a block for a model without one (nothing is cut).
@@ -142,6 +142,19 @@ def count_capped(
     return int(np.sum(sentences & (produced >= limit) & (budget > limit)))
 
 
+@dataclasses.dataclass(frozen=True)
+class Hypothesis:
+    """One entry of an n-best list: the detokenised ``text``, ``log_prob`` = ``log p(y | x,
+    context)`` (the model's sum over its tokens, EOS included: what teacher-forced scoring
+    gives), ``score`` = ``log_prob`` normalised by the length penalty (the search's ranking),
+    ``tokens`` = its length in tokens (EOS included)."""
+
+    text: str
+    log_prob: float
+    score: float
+    tokens: int
+
+
 class Translator:
     """Translates documents with ``model`` and ``params`` on the pipeline's fixed shapes; with
     ``mesh`` on that device mesh (``params`` must then carry their shardings).
@@ -196,6 +209,20 @@ class Translator:
     ) -> list[list[str]]:
         """The translation of every sentence of ``documents``, document by document; with
         ``progress`` (its description) a bar counts the sentences translated."""
+        return self._translate(documents, progress, nbest=False)  # type: ignore[return-value]
+
+    def translate_nbest(
+        self, documents: Sequence[Document], progress: str | None = None
+    ) -> list[list[list[Hypothesis]]]:
+        """The ``search.nbest`` best :class:`Hypothesis` of every sentence of ``documents``
+        (best first; the first is :meth:`translate`'s). A model whose search reports no
+        n-best list (``aux["nbest_ids"]``, e.g. Doc2Doc's one sequence per chunk) raises a
+        one-line :class:`~docnmt_jax.errors.CapabilityError`."""
+        return self._translate(documents, progress, nbest=True)  # type: ignore[return-value]
+
+    def _translate(
+        self, documents: Sequence[Document], progress: str | None, nbest: bool
+    ) -> list[list[Any]]:
         start = time.perf_counter()
         bar = tqdm(
             total=sum(len(d) for d in documents),
@@ -203,25 +230,16 @@ class Translator:
             desc=progress,
             disable=progress is None,
         )
-        out: list[list[str | None]] = [[None] * len(doc) for doc in documents]
+        out: list[list[Any]] = [[None] * len(doc) for doc in documents]
         # Only the source matters; references (if any) are not looked at.
         sources = [Document(d.doc_id, d.src, ("",) * len(d)) for d in documents]
         for batch in self.batches(sources):
-            self.stats.shapes.add(tuple(batch["src"].shape))
-            search, translate = self._search_for(batch["src"].shape[-1])
-            ids, aux = translate(self.params, batch)
-            ids = np.asarray(jax.device_get(ids))
-            counts = aux.get("sentence_counts")
-            if counts is not None:
-                counts = np.asarray(jax.device_get(counts))
-                real_rows = batch["doc_index"] >= 0
-                real_counts = np.sum(batch["sentence_mask"] > 0, axis=-1)
-                mismatches = int(np.sum(real_rows & (counts != real_counts)))
-                self.stats.sentence_count_mismatches = (
-                    self.stats.sentence_count_mismatches or 0
-                ) + mismatches
-            self.stats.output_capped += count_capped(batch, ids, aux, search)
-            self.stats.batches += 1
+            ids, aux = self._search_batch(batch)
+            if nbest and "nbest_ids" not in aux:
+                raise CapabilityError(
+                    f"model {self.model.name!r} reports no n-best list (its search keeps one "
+                    "sequence per chunk): translate with nbest=1"
+                )
             real = batch["doc_index"] >= 0
             bar.update(int(np.sum(batch["sentence_mask"][real] > 0)))
             for row, doc in enumerate(batch["doc_index"]):
@@ -232,7 +250,9 @@ class Translator:
                 for k in np.flatnonzero(batch["sentence_mask"][row]):
                     tokens = ids[row, k]
                     self.stats.output_tokens += int(np.sum(tokens > 0))
-                    out[doc][offset + k] = self.tokenizer.decode(tokens)
+                    out[doc][offset + k] = (
+                        self._hypotheses(aux, row, k) if nbest else self.tokenizer.decode(tokens)
+                    )
         missing = [
             (documents[d].doc_id, k)
             for d, hyps in enumerate(out)
@@ -245,7 +265,41 @@ class Translator:
         self.stats.documents += len(documents)
         self.stats.sentences += sum(len(doc) for doc in documents)
         self.stats.seconds += time.perf_counter() - start
-        return out  # type: ignore[return-value]
+        return out
+
+    def _search_batch(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, Any]]:
+        """Ids ``[B, S, L]`` and aux (on the host) of one batch, its counters updated."""
+        self.stats.shapes.add(tuple(batch["src"].shape))
+        search, translate = self._search_for(batch["src"].shape[-1])
+        ids, aux = translate(self.params, batch)
+        ids = np.asarray(jax.device_get(ids))
+        aux = {k: np.asarray(v) for k, v in jax.device_get(aux).items()}
+        counts = aux.get("sentence_counts")
+        if counts is not None:
+            real_rows = batch["doc_index"] >= 0
+            real_counts = np.sum(batch["sentence_mask"] > 0, axis=-1)
+            mismatches = int(np.sum(real_rows & (counts != real_counts)))
+            self.stats.sentence_count_mismatches = (
+                self.stats.sentence_count_mismatches or 0
+            ) + mismatches
+        self.stats.output_capped += count_capped(batch, ids, aux, search)
+        self.stats.batches += 1
+        return ids, aux
+
+    def _hypotheses(self, aux: dict[str, np.ndarray], row: int, k: int) -> list[Hypothesis]:
+        """Sentence ``k`` of chunk ``row``'s n-best list (empty slots left out)."""
+        hyps = []
+        for ids, log_prob, score in zip(
+            aux["nbest_ids"][row, k],
+            aux["nbest_log_probs"][row, k],
+            aux["nbest_scores"][row, k],
+            strict=True,
+        ):
+            if np.isfinite(score):
+                tokens = int(np.sum(ids != PAD_ID))
+                text = self.tokenizer.decode(ids)
+                hyps.append(Hypothesis(text, float(log_prob), float(score), tokens))
+        return hyps
 
     def batches(self, sources: Sequence[Document]) -> Iterator[dict[str, np.ndarray]]:
         """The batches that translate ``sources``: a :class:`TranslationPlan` of the model's
@@ -330,14 +384,19 @@ class Translator:
         return search, self._grown_searches[search.max_len]
 
     def translate_stream(
-        self, documents: Iterable[tuple[str, list[str]]], block_documents: int = 256
-    ) -> Iterator[tuple[str, list[str]]]:
-        """Yields ``(doc_id, translations)`` in input order, ``block_documents`` at a time."""
+        self,
+        documents: Iterable[tuple[str, list[str]]],
+        block_documents: int = 256,
+        nbest: bool = False,
+    ) -> Iterator[tuple[str, list[Any]]]:
+        """Yields ``(doc_id, translations)`` in input order, ``block_documents`` at a time;
+        with ``nbest`` each translation is its list of :class:`Hypothesis`."""
+        translate = self.translate_nbest if nbest else self.translate
         block: list[Document] = []
         for doc_id, sentences in documents:
             block.append(Document(doc_id, tuple(sentences), ("",) * len(sentences)))
             if len(block) >= block_documents:
-                yield from zip((d.doc_id for d in block), self.translate(block), strict=True)
+                yield from zip((d.doc_id for d in block), translate(block), strict=True)
                 block = []
         if block:
-            yield from zip((d.doc_id for d in block), self.translate(block), strict=True)
+            yield from zip((d.doc_id for d in block), translate(block), strict=True)

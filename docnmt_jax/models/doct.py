@@ -66,6 +66,7 @@ from docnmt_jax.decoding.search import (
     pad_empty_sentences,
     search_decoder,
     sentence_limits,
+    sentence_outputs,
 )
 from docnmt_jax.models import layers, transformer
 from docnmt_jax.models.base import ModelError, register, require_context_somewhere
@@ -405,5 +406,5 @@ class DocTModel(WindowContextModel):
         )
         max_len, limits = sentence_limits(rows["src_mask"], search)
         result = search_decoder(module, variables, extra, search, max_len, limits)
-        ids = result.sequences[:, 0].reshape(batch["src"].shape[:2] + (max_len,))
-        return pad_empty_sentences(ids, batch["src_mask"]), {}
+        ids, aux = sentence_outputs(result, batch["src"].shape[:2], search)
+        return pad_empty_sentences(ids, batch["src_mask"]), aux

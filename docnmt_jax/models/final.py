@@ -68,6 +68,7 @@ from docnmt_jax.decoding.search import (
     pad_empty_sentences,
     search_decoder,
     sentence_limits,
+    sentence_outputs,
 )
 from docnmt_jax.models import layers
 from docnmt_jax.models.base import BaseModel, BatchLayout, ModelError, register, require_grid
@@ -483,5 +484,6 @@ class FinalModel(BaseModel):
         slots, _ = self.search_inputs(params, batch, search)
         rows = jax.tree.map(lambda x: x.reshape((B * S,) + x.shape[2:]), slots)
         result = self.search_slot(params, {"mask": jnp.zeros((B * S, 1), jnp.int32)}, rows, search)
-        ids = result.sequences[:, 0].reshape(S, B, -1).swapaxes(0, 1)  # rows slot-major
-        return pad_empty_sentences(ids, batch["src_mask"]), {}
+        ids, aux = sentence_outputs(result, (S, B), search)  # rows slot-major
+        aux = {k: v.swapaxes(0, 1) for k, v in aux.items()}
+        return pad_empty_sentences(ids.swapaxes(0, 1), batch["src_mask"]), aux

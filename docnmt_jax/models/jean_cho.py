@@ -59,6 +59,7 @@ from docnmt_jax.decoding.search import (
     pad_empty_sentences,
     search_decoder,
     sentence_limits,
+    sentence_outputs,
 )
 from docnmt_jax.models import layers, transformer
 from docnmt_jax.models.base import register
@@ -209,5 +210,5 @@ class JeanChoModel(WindowContextModel):
         extra = module.apply(variables, x_c, rows["src_mask"], method=module.decode_inputs)
         max_len, limits = sentence_limits(rows["src_mask"], search)
         result = search_decoder(module, variables, extra, search, max_len, limits)
-        ids = result.sequences[:, 0].reshape(batch["src"].shape[:2] + (max_len,))
-        return pad_empty_sentences(ids, batch["src_mask"]), {}
+        ids, aux = sentence_outputs(result, batch["src"].shape[:2], search)
+        return pad_empty_sentences(ids, batch["src_mask"]), aux

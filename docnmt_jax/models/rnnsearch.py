@@ -61,6 +61,7 @@ from docnmt_jax.decoding.search import (
     pad_empty_sentences,
     search_rows,
     sentence_limits,
+    sentence_outputs,
 )
 from docnmt_jax.models import layers
 from docnmt_jax.models.base import (
@@ -293,8 +294,8 @@ class RNNSearchModel(BaseModel):
         result = search_rows(
             self.eval_module, params, rows["src"], rows["src_mask"], search, max_len, limits
         )
-        ids = result.sequences[:, 0].reshape(batch["src"].shape[:2] + (max_len,))
-        return pad_empty_sentences(ids, batch["src_mask"]), {}
+        ids, aux = sentence_outputs(result, batch["src"].shape[:2], search)
+        return pad_empty_sentences(ids, batch["src_mask"]), aux
 
 
 # ------------------------------------------------------------------------------------- HM-GDC

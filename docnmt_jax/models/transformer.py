@@ -18,7 +18,12 @@ import jax.numpy as jnp
 from docnmt_jax import flops
 from docnmt_jax.data.spec import DataSpec, PackingConfig
 from docnmt_jax.data.tokenizer import BOS_ID
-from docnmt_jax.decoding.search import SearchConfig, search_rows, sentence_limits
+from docnmt_jax.decoding.search import (
+    SearchConfig,
+    search_rows,
+    sentence_limits,
+    sentence_outputs,
+)
 from docnmt_jax.models import layers
 from docnmt_jax.models.base import BaseModel, BatchLayout, register
 from docnmt_jax.sizes import TED
@@ -398,4 +403,4 @@ class TransformerModel(BaseModel):
         result = search_rows(
             self.eval_module, params, rows["src"], rows["src_mask"], search, max_len, limits
         )
-        return result.sequences[:, 0].reshape(batch["src"].shape[:2] + (max_len,)), {}
+        return sentence_outputs(result, batch["src"].shape[:2], search)
