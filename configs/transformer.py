@@ -78,6 +78,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.learning_rate = 1.5e-3  # absolute peak (end of warm-up); 0: d_model-scaled
     config.train.label_smoothing = 0.1  # eps of the smoothed target distribution
     config.train.clip_norm = 1.0  # global gradient-norm clipping; 0 disables
+    config.train.weight_decay = 0.0  # AdamW decoupled decay of the 2+-D weights (not norms, biases)
     # k > 1: each update sums the gradients of k batches (loss normalised over all their
     # tokens), so an update sees k x the batch; steps, warm-up and *_every count updates.
     config.train.accumulate_steps = 1  # micro-batches per optimiser update
@@ -93,6 +94,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.dev_bleu_alpha = 0.0  # length penalty for dev BLEU (0: beam 1 is pure argmax)
     config.train.best_metric = "dev_bleu"  # dev metric that picks the best checkpoint
     config.train.best_mode = "max"  # max for BLEU, min for dev_loss
+    config.train.patience = 0  # stop after this many dev evaluations without a better best_metric
     config.train.time_budget_minutes = 0.0  # stop (and save) after this long; 0 = no limit
     config.train.aot_compile = True  # compile the train step for every batch shape up front
     config.train.freeze = ()  # regexes over parameter paths: matching parameters are not trained

@@ -1,5 +1,5 @@
-"""Adam with the inverse-square-root schedule of Vaswani et al. (2017), Eq. (3), frozen
-parameters and training stages.
+"""Adam with the inverse-square-root schedule of Vaswani et al. (2017), Eq. (3), decoupled
+weight decay, frozen parameters and training stages.
 
 lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), counted from step 1;
 with an absolute peak ``train.learning_rate = p > 0`` the factor ``d_model^-0.5`` becomes
@@ -13,6 +13,15 @@ released at step ``k``: until then their gradients are zeroed before clipping an
 Adam (:func:`released_at`) stands still with zero moments and count; from ``k`` on it runs as
 a fresh Adam (bias correction counted from the release) at the run's learning rate, and
 clipping sees every gradient.
+
+``train.weight_decay = wd > 0`` is AdamW's decoupled decay (Loshchilov & Hutter 2019, as
+``optax.adamw``): each update also subtracts ``lr_t * wd * p`` from a decayed parameter ``p``,
+so with a zero gradient it shrinks by exactly ``1 - lr_t * wd`` per step. Only weights are
+decayed: parameters of two or more dimensions whose name does not end in ``bias`` (kernels,
+embeddings, relative-position tables); LayerNorm scales and every bias are not, whatever its
+shape (attention biases are ``[heads, head_dim]``, FINAL's ``content_bias`` 2-D too):
+:func:`decay_mask`. The optimiser state is Adam's whatever the decay
+(:func:`adam_with_decay`), so a run may resume with another ``weight_decay``.
 """
 
 from __future__ import annotations
@@ -152,6 +161,51 @@ def hold_until(mask: PyTree, step: int) -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
+def decay_mask(params: PyTree) -> PyTree:
+    """True for the parameters weight decay shrinks: the weights, of two or more dimensions
+    and named other than ``*bias`` (not LayerNorm scales and biases, nor any other bias)."""
+
+    def decayed(path: tuple[Any, ...], p: Any) -> bool:
+        names = key_names(path)
+        return jnp.ndim(p) >= 2 and not (names and names[-1].endswith("bias"))
+
+    return jax.tree_util.tree_map_with_path(decayed, params)
+
+
+def adam_with_decay(
+    schedule: optax.Schedule, b1: float, b2: float, eps: float, weight_decay: float
+) -> optax.GradientTransformation:
+    """``optax.adamw(schedule, b1, b2, eps, weight_decay, mask=decay_mask)`` with the state
+    of ``optax.adam`` (its schedule step carries the decay): update ``-lr_t * (adam_t + wd *
+    p)`` on decayed parameters, ``-lr_t * adam_t`` on the others."""
+    if weight_decay < 0:
+        raise ConfigError(f"config.train.weight_decay must be >= 0, got {weight_decay}")
+    if not weight_decay:
+        return optax.adam(schedule, b1=b1, b2=b2, eps=eps)
+
+    def init(params: PyTree) -> optax.ScaleByScheduleState:
+        del params
+        return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+    def update(
+        updates: PyTree, state: optax.ScaleByScheduleState, params: PyTree | None = None
+    ) -> tuple[PyTree, optax.ScaleByScheduleState]:
+        if params is None:
+            raise ValueError("weight decay needs the parameters: tx.update(grads, state, params)")
+        lr = schedule(state.count)
+
+        def step(u: jax.Array, p: jax.Array, decayed: bool) -> jax.Array:
+            if decayed:
+                u = u + weight_decay * p
+            return jnp.asarray(-lr, u.dtype) * u
+
+        updates = jax.tree.map(step, updates, params, decay_mask(params))
+        return updates, optax.ScaleByScheduleState(count=optax.safe_int32_increment(state.count))
+
+    scaled = optax.GradientTransformation(init, update)
+    return optax.chain(optax.scale_by_adam(b1=b1, b2=b2, eps=eps), scaled)
+
+
 def make_optimizer(
     d_model: int,
     warmup_steps: int = 8000,
@@ -170,7 +224,9 @@ def make_optimizer(
     ``schedule_offset`` when > 0), optional global-norm clipping; with ``labels``
     (:func:`freeze_labels`) only the trainable parameters are updated, until
     ``unfreeze_at_step`` (> 0) from which the frozen ones train too, with fresh moments;
-    ``learning_rate`` > 0 is the schedule's absolute peak (:func:`inverse_sqrt_schedule`)."""
+    ``learning_rate`` > 0 is the schedule's absolute peak (:func:`inverse_sqrt_schedule`);
+    ``weight_decay`` > 0 decays the weights (AdamW: :func:`adam_with_decay`; LayerNorm scales
+    and biases are not decayed: :func:`decay_mask`)."""
     if unfreeze_at_step < 0:
         raise ModelError(f"config.train.unfreeze_at_step must be >= 0, got {unfreeze_at_step}")
     schedule = inverse_sqrt_schedule(
@@ -178,9 +234,7 @@ def make_optimizer(
     )
 
     def adam(learning_rate: optax.Schedule) -> optax.GradientTransformation:
-        if weight_decay:
-            return optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
-        return optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
+        return adam_with_decay(learning_rate, b1, b2, eps, float(weight_decay))
 
     clip = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
     frozen = labels is not None and FROZEN in jax.tree.leaves(labels)

@@ -4,8 +4,10 @@ A run resumes from the newest checkpoint of its workdir that restores (including
 position and micro-batch, so the resumed run reproduces the uninterrupted one), refused when the
 workdir's saved ``config.model`` differs (:func:`check_resumable`); a fresh run starts from
 initialised parameters, or from another run's mapped by ``init_from_rules`` (never applied when
-resuming). Every save (:class:`RunCheckpoints`) records the step, data position, dev metrics
-and the best value of ``train.best_metric`` so far, and updates the best checkpoint.
+resuming). Every save (:class:`RunCheckpoints`) records the step, data position, dev metrics,
+the best value of ``train.best_metric`` so far, the step it was reached at and the count of
+dev evaluations since then without improvement (``train.patience``; strictly better is an
+improvement), and updates the best checkpoint; a resume restores all three.
 """
 
 from __future__ import annotations
@@ -97,22 +99,30 @@ class Progress:
 
 class RunCheckpoints:
     """The checkpoints of a run in ``workdir`` (the latest ``train.keep_checkpoints`` and the
-    best by ``train.best_metric``/``best_mode``), with the metadata a resume needs."""
+    best by ``train.best_metric``/``best_mode``), with the metadata a resume needs: the best
+    value so far, its step, and the dev evaluations since without improvement."""
 
     def __init__(self, workdir: str, config: ml_collections.ConfigDict):
         self.config = config
         self.best_metric, self.best_mode = config.train.best_metric, config.train.best_mode
         self.best_value: float | None = None
+        self.best_step: int | None = None
+        #: dev evaluations in a row, up to the last one, that did not improve the best value
+        self.evals_without_improvement = 0
         self.checkpointer = checkpoints.Checkpointer(workdir, keep=config.train.keep_checkpoints)
 
     def restore_latest(
         self, abstract: PyTree, warn: Callable[[str], None]
     ) -> tuple[PyTree, dict] | None:
         """The state and meta of the newest checkpoint that restores (a corrupt one is skipped,
-        ``warn`` naming it), or None; the best value so far comes with it."""
+        ``warn`` naming it), or None; the best value so far, its step and the evaluations since
+        without improvement come with it (a checkpoint that predates the last two: unknown, 0)."""
         restored = self.checkpointer.restore("latest", abstract, warn=warn)
         if restored is not None:
-            self.best_value = restored[1].get("best_value")
+            meta = restored[1]
+            self.best_value = meta.get("best_value")
+            self.best_step = meta.get("best_step")
+            self.evals_without_improvement = int(meta.get("evals_without_improvement", 0))
         return restored
 
     def save(
@@ -129,6 +139,11 @@ class RunCheckpoints:
         is_best = False
         if dev is not None and self.best_metric in dev:
             is_best = _is_better(dev[self.best_metric], self.best_value, self.best_mode)
+            if is_best:
+                self.best_value, self.best_step = dev[self.best_metric], progress.step
+                self.evals_without_improvement = 0
+            else:
+                self.evals_without_improvement += 1
         meta = {
             "step": progress.step,
             "data_step": progress.position,
@@ -136,12 +151,26 @@ class RunCheckpoints:
             "micro": progress.micro,
             "dev": dev or {},
             "best_metric": self.best_metric,
-            "best_value": dev[self.best_metric] if is_best else self.best_value,
+            "best_value": self.best_value,
+            "best_step": self.best_step,
+            "evals_without_improvement": self.evals_without_improvement,
             "config": json.loads(self.config.to_json_best_effort()),
         }
         self.checkpointer.save(progress.position, state, meta, best=is_best, latest=latest)
-        if is_best:
-            self.best_value = dev[self.best_metric]
+
+    def patience_spent(self, patience: int) -> bool:
+        """Whether the last ``patience`` (> 0; 0: never) dev evaluations in a row did not
+        improve ``best_metric``."""
+        return patience > 0 and self.evals_without_improvement >= patience
+
+    def no_improvement(self) -> str:
+        """``no improvement of METRIC in N evaluations (best X at step B)``."""
+        best = "none" if self.best_value is None else f"{self.best_value:.4g}"
+        at = "" if self.best_step is None else f" at step {self.best_step}"
+        return (
+            f"no improvement of {self.best_metric} in {self.evals_without_improvement} "
+            f"evaluations (best {best}{at})"
+        )
 
     def last_good(self) -> str:
         """The newest complete checkpoint, as a log message names it."""

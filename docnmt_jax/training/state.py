@@ -30,10 +30,10 @@ PyTree = Any
 def build_optimizer_state(
     model: Any, config: Any, layout: Layout, note: Any = print
 ) -> tuple[PyTree, PyTree, optax.GradientTransformation, optax.Schedule]:
-    """The optimiser of ``config.train`` for ``model`` (``train.freeze``, ``unfreeze_at_step``
-    and ``schedule_offset`` applied, the counts of trainable and frozen parameters reported
-    through ``note``), the train state's shardings and its abstract form: ``(shardings,
-    abstract, tx, schedule)``."""
+    """The optimiser of ``config.train`` for ``model`` (``train.freeze``, ``unfreeze_at_step``,
+    ``schedule_offset`` and ``weight_decay`` applied, the counts of trainable and frozen
+    parameters reported through ``note``), the train state's shardings and its abstract form:
+    ``(shardings, abstract, tx, schedule)``."""
     tcfg = config.train
     boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), dummy_batch())["params"]
     labels = optim.freeze_labels(nn.meta.unbox(boxed), tcfg.get("freeze", ()))
@@ -57,6 +57,7 @@ def build_optimizer_state(
         unfreeze_at_step=unfreeze_at,
         schedule_offset=int(tcfg.get("schedule_offset", 0)),
         learning_rate=float(tcfg.get("learning_rate", 0.0)),
+        weight_decay=float(tcfg.get("weight_decay", 0.0)),
     )
     ema = ema_lib.check_decay(tcfg.get("ema_decay", 0.0)) > 0
     accumulate = int(tcfg.get("accumulate_steps", 1)) > 1

@@ -5,7 +5,10 @@ bar, TensorBoard events and a plain-text log in the workdir, Orbax checkpoints (
 best by a dev metric), resume from the latest checkpoint including the data position,
 ``init_from`` for params-only initialisation mapped by ``init_from_rules``
 (:mod:`docnmt_jax.training.param_mapping`; never applied when resuming), a time budget, and
-SIGTERM or SIGINT -> save and exit (a second signal exits at once, saving nothing).
+SIGTERM or SIGINT -> save and exit (a second signal exits at once, saving nothing), and early
+stopping: ``train.patience = n > 0`` ends the run after ``n`` dev evaluations in a row that do
+not improve ``train.best_metric`` (the count is in every checkpoint, so it survives a resume; a
+run resumed with its patience spent stops at once, before any step).
 Dropout keys are ``fold_in(seed_key, step)`` and the data plan is a pure function of the
 step, so a resumed run reproduces the uninterrupted one exactly.
 
@@ -80,8 +83,8 @@ PyTree = Any
 @dataclasses.dataclass
 class TrainResult:
     """What a run ends with: its last step, the latest dev metrics, per-step train losses
-    (``record_losses``), why it stopped (``num_steps``, ``time_budget``, ``sigterm``,
-    ``sigint``) and its newest complete checkpoint."""
+    (``record_losses``), why it stopped (``num_steps``, ``time_budget``, ``patience``,
+    ``sigterm``, ``sigint``) and its newest complete checkpoint."""
 
     step: int
     dev_metrics: dict[str, float]
@@ -92,12 +95,24 @@ class TrainResult:
 
 
 def check_train_config(config: ml_collections.ConfigDict, dev_hook: DevHookFactory | None) -> None:
-    """Refuses a ``train.best_mode`` other than min/max, and ``train.dev_bleu`` without the
-    dev-BLEU hook (the train command builds it:
+    """Refuses a ``train.best_mode`` other than min/max, a negative ``train.patience`` or
+    ``train.weight_decay``, float16 parameters or computation (no loss scaling here), and
+    ``train.dev_bleu`` without the dev-BLEU hook (the train command builds it:
     :func:`~docnmt_jax.training.dev_eval.dev_bleu_hook`)."""
     tcfg = config.train
     if tcfg.best_mode not in ("min", "max"):
         raise ConfigError(f"config.train.best_mode must be min or max, got {tcfg.best_mode!r}")
+    patience = tcfg.get("patience", 0)
+    if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+        raise ConfigError(f"config.train.patience must be an integer >= 0, got {patience!r}")
+    if float(tcfg.get("weight_decay", 0.0)) < 0:
+        raise ConfigError(f"config.train.weight_decay must be >= 0, got {tcfg.weight_decay}")
+    for key in ("dtype", "param_dtype"):
+        if config.model.get(key) == "float16":
+            raise ConfigError(
+                f"config.model.{key}=float16 needs loss scaling, which docnmt_jax does not "
+                "implement; use bfloat16 (same speed on accelerators, float32's range)"
+            )
     if tcfg.get("dev_bleu", False) and dev_hook is None:
         raise ConfigError(
             "config.train.dev_bleu=True but no dev-BLEU hook was given: pass "
@@ -244,7 +259,8 @@ def _compiled_steps(
 
 class TrainLoop:
     """The training loop of a set-up run: steps (micro-batches with accumulation) until
-    ``train.num_steps``, the time budget or a stop signal; logs every ``train.log_every``,
+    ``train.num_steps``, the time budget, ``train.patience`` dev evaluations without
+    improvement or a stop signal; logs every ``train.log_every``,
     evaluates every ``eval_every`` and saves every ``checkpoint_every`` steps, and at the end
     evaluates and saves (a signal saves at once, without evaluating)."""
 
@@ -269,6 +285,7 @@ class TrainLoop:
             time.monotonic() + 60 * tcfg.time_budget_minutes if tcfg.time_budget_minutes else None
         )
         self.max_bad = int(tcfg.get("max_bad_steps", 5))
+        self.patience = int(tcfg.get("patience", 0))
         self.record_losses = False  # run()'s
         self.guard = supervision.BadStepGuard(self.max_bad)
         self.losses: list[float] = []
@@ -318,8 +335,16 @@ class TrainLoop:
         )
 
     def _train(self, flag: dict[str, str]) -> None:
-        """Steps until ``num_steps``, or a stop (``stopped_by``: the time budget or a signal)."""
+        """Steps until ``num_steps``, or a stop (``stopped_by``: the time budget, patience or a
+        signal)."""
         tcfg, progress = self.tcfg, self.progress
+        if progress.step < tcfg.num_steps and self.saved.patience_spent(self.patience):
+            self.stopped_by = "patience"  # resumed after an early stop: nothing left to do
+            self.runlog.note(
+                f"not training past step {progress.step}: {self.saved.no_improvement()}, "
+                f"train.patience={self.patience} is spent (raise it to train on)"
+            )
+            return
         while progress.step < tcfg.num_steps:
             if jax.process_count() == 1 or progress.step % tcfg.log_every == 0:
                 reason = supervision.stop_reason(
@@ -340,6 +365,10 @@ class TrainLoop:
                 self._log_window()
             self.bar.update(1)
             self._evaluate_and_save()
+            if self.saved.patience_spent(self.patience) and progress.step < tcfg.num_steps:
+                self.stopped_by = "patience"  # this step was evaluated and saved
+                self.runlog.note(f"stopping at step {progress.step}: {self.saved.no_improvement()}")
+                return
 
     def _update(self, flag: dict[str, str]) -> tuple[dict[str, Metric], str]:
         """One optimiser update: its micro-batches (one without accumulation), their summed
