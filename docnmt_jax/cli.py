@@ -20,9 +20,11 @@ with :class:`ArgumentParser` and call :func:`run_argparse`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import functools
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
@@ -137,20 +139,60 @@ def _config_path(argv: Sequence[str]) -> str | None:
     return None
 
 
+def resolve_config_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` with its ``--config`` value resolved by
+    :func:`~docnmt_jax.config_files.resolve_config_path` (a shipped config's name -> its file)."""
+    from docnmt_jax.config_files import resolve_config_path
+
+    resolved = list(argv)
+    for i, token in enumerate(resolved[1:], start=1):
+        if token.startswith("--config="):
+            resolved[i] = "--config=" + resolve_config_path(token.partition("=")[2])
+        elif token == "--config" and i + 1 < len(resolved):
+            resolved[i + 1] = resolve_config_path(resolved[i + 1])
+    return resolved
+
+
 def _config_file_error(argv: Sequence[str]) -> str | None:
     """``--config=FILE`` naming no file (config_flags loads it lazily, without a path in its
-    error)."""
+    error); ``argv`` as resolved by :func:`resolve_config_argv`."""
+    from docnmt_jax.config_files import shipped_config_names
+
+    config_path = _config_path(argv)
+    if config_path is None or os.path.isfile(config_path.partition(":")[0] or config_path):
+        return None
+    if os.path.isfile(config_path):  # a file name with a colon
+        return None
+    shipped = ", ".join(shipped_config_names())
+    return f"--config={config_path}: no such file" + (
+        f" (nor a shipped config: {shipped})" if shipped else ""
+    )
+
+
+def _config_load_error(argv: Sequence[str], shown: str | None) -> str | None:
+    """The ``--config`` file's ``get_config(ARG)`` rejecting its argument (an unknown row: a
+    ``KeyError`` or ``ValueError``; an argument it takes none of: a ``TypeError``):
+    ``FILE:ARG: reason``, ``shown`` naming the value as the user wrote it."""
+    from docnmt_jax.config_files import load_config
+
     config_path = _config_path(argv)
     if config_path is None:
         return None
-    file_path = config_path if config_path.endswith(".py") else config_path.rpartition(":")[0]
-    if not os.path.isfile(file_path or config_path):
-        return f"--config={config_path}: no such file"
+    try:
+        load_config(config_path)
+    except (KeyError, TypeError, ValueError) as e:
+        reason = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
+        file_name = os.path.basename(config_path.partition(":")[0])
+        reason = re.sub(rf"^\S*{re.escape(file_name)}:\s*", "", reason)  # the file, once
+        return f"{shown or config_path}: {reason}"
+    except Exception:  # noqa: BLE001 - any other failure of the file is absl's message
+        return None
     return None
 
 
-def _config_override_error(argv: Sequence[str]) -> str | None:
-    """For ``--config.KEY=VALUE`` flags naming no key of the ``--config`` file: which one."""
+def _config_override_error(argv: Sequence[str], shown: str | None = None) -> str | None:
+    """For ``--config.KEY=VALUE`` flags naming no key of the ``--config`` file: which one
+    (``shown``: the ``--config`` value as the user wrote it)."""
     from docnmt_jax.config_files import load_config
 
     config_path = _config_path(argv)
@@ -171,35 +213,64 @@ def _config_override_error(argv: Sequence[str]) -> str | None:
             if not hasattr(node, "keys") or name not in node.keys():
                 where = ".".join(key.split(".")[:depth]) or "the config"
                 known = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "no keys"
-                return f"--config.{key}: no such key in {config_path} ({where} has: {known})"
+                file = shown or config_path
+                return f"--config.{key}: no such key in {file} ({where} has: {known})"
             node = node[name]
     return None
 
 
-def parse_absl_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing with the boundary's one-line errors."""
-    if message := _config_file_error(argv):
+_HELP_FLAGS = ("--help", "-help", "-?", "--helpshort", "--helpfull", "-helpfull", "--helpxml")
+
+
+def _asks_help(argv: Sequence[str]) -> bool:
+    return any(token in _HELP_FLAGS for token in argv[1:])
+
+
+def parse_absl_flags(
+    argv: list[str], config_help: Callable[[str | None], str] | None = None
+) -> list[str]:
+    """absl's flag parsing with the boundary's one-line errors. A shipped config's name as
+    ``--config`` resolves to its file; ``config_help(CONFIG)`` (``CONFIG`` resolved, ``None``
+    without ``--config``), if given, is the ``--config`` flag's help, so ``--helpfull`` lists
+    the chosen config's keys. ``--help`` and ``--helpfull`` exit 0."""
+    shown = _config_path(argv)  # as the user wrote it
+    argv = resolve_config_argv(argv)
+    if message := _config_file_error(argv):  # resolution keeps a value naming no file
         fail(message)
+    if _asks_help(argv) and config_help is not None and "config" in flags.FLAGS:
+        if message := _config_load_error(argv, shown):
+            fail(message)
+        with contextlib.suppress(Exception):  # a config that fails to load: absl's message
+            flags.FLAGS["config"].help = config_help(_config_path(argv))
     try:
         return flags.FLAGS(argv)
+    except SystemExit as e:
+        # absl exits 1 after printing --help/--helpfull; a help that was asked for is a success
+        if e.code == 1 and _asks_help(argv):
+            sys.exit(0)
+        raise
     except flags.Error as e:
-        fail(_config_override_error(argv) or e)
+        fail(_config_override_error(argv, shown) or _config_load_error(argv, shown) or e)
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         # ml_collections' config_flags raise these for an override it cannot apply
-        message = _config_override_error(argv)
+        message = _config_override_error(argv, shown)
         if message is None:
             raise
         fail(message if message else e)
 
 
-def run(main: Callable[[list[str]], Any]) -> None:
+def run(
+    main: Callable[[list[str]], Any], config_help: Callable[[str | None], str] | None = None
+) -> None:
     """``app.run(main)`` behind the error boundary (flags included). ``--help`` shows the
-    docstring of ``main``'s module (absl reads ``__main__``'s, which may be a shim)."""
+    docstring of ``main``'s module (absl reads ``__main__``'s, which may be a shim or an
+    installed command's script). ``config_help``: see :func:`parse_absl_flags`."""
     command_doc = getattr(sys.modules.get(getattr(main, "__module__", "")), "__doc__", None)
     entry = sys.modules.get("__main__")
     if command_doc and entry is not None:
         entry.__doc__ = command_doc
-    app.run(guarded(main), flags_parser=parse_absl_flags)
+    parser = functools.partial(parse_absl_flags, config_help=config_help)
+    app.run(guarded(main), flags_parser=parser)
 
 
 # ----------------------------------------------------------------------------------- argparse

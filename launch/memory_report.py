@@ -1,7 +1,8 @@
 """Runs ``docnmt_jax.commands.memory_report`` (usage in its docstring)."""
 
-from docnmt_jax import cli
-from docnmt_jax.commands.memory_report import main
+from docnmt_jax.commands.memory_report import main, run
+
+__all__ = ["main", "run"]  # main: for callers that run it in-process (tests/cli_fuzz_worker.py)
 
 if __name__ == "__main__":
-    cli.run_argparse(main)
+    run()

@@ -29,5 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The command line: ``python launch/average_checkpoints.py``."""
     cli.run_argparse(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -123,5 +123,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return benchmarking.run(parse_args(argv))
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The command line: ``python launch/benchmark.py``."""
     cli.run_argparse(main)
+
+
+if __name__ == "__main__":
+    run()

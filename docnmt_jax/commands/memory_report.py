@@ -85,5 +85,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {mesh} | " + " | ".join(f"{x / MiB:.1f}" for x in sizes) + " |", flush=True)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The command line: ``python launch/memory_report.py``."""
     cli.run_argparse(main)
+
+
+if __name__ == "__main__":
+    run()

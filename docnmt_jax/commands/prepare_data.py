@@ -86,5 +86,10 @@ def main(argv: list[str]) -> None:
     logging.info("done in %.1f s", time.perf_counter() - start)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The ``docnmt-prepare`` command (``python launch/prepare_data.py``)."""
     cli.run(main)
+
+
+if __name__ == "__main__":
+    run()

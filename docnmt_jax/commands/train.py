@@ -1,8 +1,12 @@
-"""Train a model: ``python launch/train.py --config configs/transformer.py --workdir runs/NAME``.
+"""Train a model: ``docnmt-train --config final --workdir runs/NAME`` (in a checkout also
+``python launch/train.py --config configs/final.py --workdir runs/NAME``).
 
-Every key of the config file can be overridden, e.g. ``--config.train.num_steps=2000``;
-``--helpfull`` lists them. Starting again on a workdir that holds checkpoints resumes.
-Without ``--workdir`` the run goes to ``runs/<config file name>``.
+``--config`` takes a config file (``FILE`` or ``FILE:ARG``) or a shipped config by name
+(``transformer``, ``final.py:paper``, ``final_table3:doc2sent``; a file of that name in the
+current directory wins). Every key of the config can be overridden, e.g.
+``--config.train.num_steps=2000``; ``--config CONFIG --helpfull`` lists CONFIG's keys with
+their values. Starting again on a workdir that holds checkpoints resumes. Without
+``--workdir`` the run goes to ``runs/<config file name>`` in the current directory.
 
 Devices: ``--config.mesh.data/fsdp/model`` shape the device mesh (default: data parallel over
 every device). Several processes (hosts): run the same command in each, with
@@ -25,47 +29,41 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from docnmt_jax import cli, multiprocess
+from docnmt_jax.config_files import DEFAULT_CONFIG, config_key_help, resolve_config_path
 from docnmt_jax.training.checkpoints import CheckpointError, NonFiniteError
 from docnmt_jax.training.dev_eval import dev_bleu_hook
 from docnmt_jax.training.trainer import train_and_evaluate
-
-_REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_DEFAULT_CONFIG = os.path.join(_REPOSITORY, "configs", "transformer.py")
-_KEY_LINE = re.compile(r"^\s*config\.([\w.]+)\s*=\s*(.+?)\s*(?:#\s*(.*))?$")
 
 
 def _env_int(name: str) -> int | None:
     return int(os.environ[name]) if os.environ.get(name) else None
 
 
-def config_key_help(path: str = _DEFAULT_CONFIG) -> str:
-    """One line per config key of ``path``: ``--config.KEY (default VALUE): comment``."""
-    lines = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            match = _KEY_LINE.match(line)
-            if match and "ConfigDict()" not in match.group(2):
-                key, value, comment = match.groups()
-                lines.append(
-                    f"  --config.{key} (default {value}){': ' + comment if comment else ''}"
-                )
-    return "\n".join(lines)
+def config_flag_help(config: str | None = None) -> str:
+    """The ``--config`` flag's help: what it takes, then one line per key of ``config``
+    (``FILE`` or ``FILE:ARG``; ``None``: the default, ``configs/transformer.py``) with its
+    value and comment, which ``--helpfull`` prints."""
+    path = config or resolve_config_path(DEFAULT_CONFIG)
+    if config:
+        whose = os.path.basename(config)
+    else:
+        whose = f"configs/{DEFAULT_CONFIG} (with --config CONFIG, those of CONFIG)"
+    keys = config_key_help(path) if os.path.isfile(path.partition(":")[0] or path) else ""
+    return (
+        "Training configuration: a config file, or a shipped config by name (transformer, "
+        "final, final.py:paper, final_table3:doc2sent; see configs/), a file of that name in "
+        "the current directory winning. Override any key with --config.KEY=VALUE; the keys "
+        f"of {whose}:\n{keys}"
+    )
 
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config",
-    None,
-    "Training configuration file (see configs/). Override any key with --config.KEY=VALUE; "
-    "the keys of configs/transformer.py (other model configs add their own):\n" + config_key_help(),
-    lock_config=True,
-)
+_CONFIG = config_flags.DEFINE_config_file("config", None, config_flag_help(), lock_config=True)
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory for checkpoints, logs, tokenizer (default: runs/<config name>)."
 )
@@ -154,5 +152,10 @@ def main(argv: list[str]) -> None:
     multiprocess.shutdown_distributed()  # all processes leave jax.distributed together
 
 
+def run() -> None:
+    """The ``docnmt-train`` command (``python launch/train.py``)."""
+    cli.run(main, config_help=config_flag_help)
+
+
 if __name__ == "__main__":
-    cli.run(main)
+    run()

@@ -173,3 +173,8 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     cli.run(main)
+
+
+def run() -> None:
+    """The ``docnmt-translate`` command (``python launch/translate.py``)."""
+    cli.run(main)
