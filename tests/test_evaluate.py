@@ -232,7 +232,7 @@ def test_malformed_hypothesis_tsv(tmp_path, text, line, reason):
 
 def test_empty_reference_sentence_is_an_error(tmp_path):
     path = _write(tmp_path / "ref.tsv", "d1\tsrc\tok\nd1\tsrc\t \n")
-    with pytest.raises(CorpusFormatError, match=r"ref\.tsv:2: reference sentence is empty"):
+    with pytest.raises(CorpusFormatError, match=r"ref\.tsv:2: target sentence is empty"):
         metrics.read_references(path)
 
 

@@ -69,19 +69,22 @@ def test_tsv_round_trip_with_write_tsv(tmp_path):
     assert read_tsv(tmp_path / "rt.tsv") == docs
 
 
-def test_tsv_header_only_is_empty(tmp_path):
-    assert read_tsv(write(tmp_path / "e.tsv", "doc_id\tsrc\ttgt\n")) == []
-    assert read_tsv(write(tmp_path / "e2.tsv", "")) == []
+@pytest.mark.parametrize("text", ["doc_id\tsrc\ttgt\n", "", "\n \n", "\ufeff"])
+def test_tsv_without_rows_is_an_error(tmp_path, text):
+    path = write(tmp_path / "e.tsv", text)
+    with pytest.raises(CorpusFormatError) as exc:
+        read_tsv(path)
+    assert str(exc.value) == f"{path}: no documents (the file is empty, blank or only a header)"
 
 
 @pytest.mark.parametrize(
     "rows, line, fragments",
     [
-        (["a\tx\ty\tz"], 3, ["expected 3 tab-separated columns", "found 4", "tab inside"]),
-        (["a\tx"], 3, ["expected 3 tab-separated columns doc_id, src, tgt; found 2"]),
+        (["a\tx\ty\tz"], 3, ["expected 3 (as on line 2) tab-separated columns, found 4 (a tab"]),
+        (["a\tx"], 3, ["expected 3 (as on line 2) tab-separated columns, found 2"]),
         (["\tx\ty"], 3, ["empty doc_id"]),
-        (["a\t \ty"], 3, ["source segment is empty"]),
-        (["a\tx\t"], 3, ["target segment is empty", "'a'"]),
+        (["a\t \ty"], 3, ["source sentence is empty (document 'a')"]),
+        (["a\tx\t"], 3, ["target sentence is empty (document 'a')"]),
         (["", "a\tx\ty"], 3, ["blank line"]),
         (["b\tx\ty", "a\tx\ty"], 4, ["document 'a'", "not contiguous", "line 2", "'b'", "line 3"]),
         (["a\tx\r\ty"], 3, ["carriage return"]),
@@ -317,3 +320,10 @@ def test_readers_read_a_large_corpus_whole(tmp_path):
     assert sum(len(d.src) for d in docs) == n
     assert docs[-1].src[-1] == f"source sentence number {n - 1}"
     assert maruf[-1].tgt == (f"Zielsatz Nummer {n - 1}",)
+
+
+def test_tsv_first_row_with_a_wrong_column_count_names_the_layout(tmp_path):
+    path = write(tmp_path / "two.tsv", "a\tx\na\ty\n")
+    with pytest.raises(CorpusFormatError) as exc:
+        read_tsv(path)
+    check_error(exc, path, 1, "expected 3 (doc_id, src, tgt) tab-separated columns, found 2")

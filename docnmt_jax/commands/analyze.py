@@ -108,10 +108,7 @@ def check_workdir(workdir: str) -> None:
 def read_references(path: str) -> list[Document]:
     if not os.path.isfile(path):
         raise UserError(f"--input={path!r}: no such file")
-    documents = readers.read_tsv(path)
-    if not documents:
-        raise UserError(f"--input={path!r}: no documents")
-    return documents
+    return readers.read_tsv(path)  # a file without documents: readers.NO_DOCUMENTS
 
 
 def search_config(args: argparse.Namespace) -> SearchConfig:
@@ -259,5 +256,10 @@ def main(argv: list[str] | None = None) -> None:
     COMMANDS[args.command](args)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The ``docnmt-analyze`` command (``python launch/analyze.py``)."""
     cli.run_argparse(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -67,7 +67,6 @@ from absl import app, flags, logging
 
 from docnmt_jax import cli
 from docnmt_jax.data import contrastive_sets, readers
-from docnmt_jax.data.documents import CorpusFormatError
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.errors import UserError
 from docnmt_jax.evaluation import analysis, context_marginal, contrastive, significance
@@ -177,9 +176,7 @@ def measure_context(pronouns: object) -> dict:
         batch_tokens=FLAGS.batch_tokens,
         params=FLAGS.params,
     )
-    docs = readers.read_tsv(FLAGS.ref)
-    if any(not s for doc in docs for s in doc.tgt):
-        raise CorpusFormatError(FLAGS.ref, None, "every sentence needs a reference (3 columns)")
+    docs = readers.read_tsv(FLAGS.ref)  # sources and references: 3 columns, none empty
     config = restore.load_config(FLAGS.workdir)
     max_len = max(config.data.max_src_len, config.data.max_tgt_len)
     usage = context_marginal.model_context_usage(
@@ -312,5 +309,10 @@ def main(argv: list[str]) -> None:
         print(context["report"])
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The ``docnmt-evaluate`` command (``python launch/evaluate.py``)."""
     cli.run(main)
+
+
+if __name__ == "__main__":
+    run()

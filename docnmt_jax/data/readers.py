@@ -1,10 +1,16 @@
-"""Strict readers for users' own parallel document corpora.
+"""Strict readers for users' own document files: one reader per file kind, one message per fault.
 
-Three formats are understood; each reader returns a ``list[Document]`` in file order:
+Every command reads its documents here (corpora: :func:`read_corpus`; files to translate:
+:func:`iter_source_documents`; hypotheses and references: :func:`iter_tsv_rows` and
+:func:`iter_text_blocks`), so one fault gets the same ``FILE:LINE: reason`` from ``train.py``,
+``translate.py`` and ``evaluate.py``. Formats, each read in file order:
 
 * **TSV** (:func:`read_tsv`): ``doc_id<TAB>src<TAB>tgt``, one segment pair per row, the rows
   of a document contiguous and in order. An optional header line is exactly
-  ``doc_id<TAB>src<TAB>tgt``. Doc ids are taken from the file.
+  ``doc_id<TAB>src<TAB>tgt``. Doc ids are taken from the file. Files to translate may also be
+  ``doc_id<TAB>src``, hypotheses are ``doc_id<TAB>hyp`` and references ``doc_id<TAB>tgt``
+  (:data:`SOURCE_TSV`, :data:`HYPOTHESIS_TSV`, :data:`REFERENCE_TSV`; header lines
+  :data:`TSV_HEADERS`).
 * **Aligned plain text** (:func:`read_parallel_text`): a source and a target file, one
   sentence per line, documents separated by one or more blank lines (leading and trailing
   blank lines are ignored). Doc ids are ``"{basename(src_path)}:{n}"``, ``n`` 0-based.
@@ -14,11 +20,12 @@ Three formats are understood; each reader returns a ``list[Document]`` in file o
 
 The readers are strict: nothing is dropped or rewritten except what is tolerated by design
 (a UTF-8 byte order mark at the start of a file, ``\\r`` before ``\\n``, blank lines at the
-start/end of the file and, in plain text, runs of blank lines between documents). A line
-that holds only whitespace counts as blank. Everything else that is malformed raises
-:class:`~docnmt_jax.data.documents.CorpusFormatError` whose message is one line,
-``FILE:LINE: reason`` (1-based line; for two-file formats the reason names the other file,
-its line and the document id).
+end of a TSV and at the start/end of a plain-text file and, in plain text, runs of blank lines
+between documents). A line that holds only whitespace counts as blank. Everything else that is
+malformed raises :class:`~docnmt_jax.data.documents.CorpusFormatError` whose message is one
+line, ``FILE:LINE: reason`` (1-based line; for two-file formats the reason names the other
+file, its line and the document id); a file without documents is ``FILE: no documents (...)``
+(:data:`NO_DOCUMENTS`).
 
 :func:`read_corpus` picks the reader from the number of paths (or an explicit ``fmt``).
 """
@@ -46,50 +53,49 @@ PathLike = str | os.PathLike
 
 FORMATS = ("auto", "tsv", "text", "maruf")
 DOC_MARKER = "<d>"
-_HEADER_LINE = "\t".join(TSV_HEADER)
+#: The reason of every reader for a file that holds no document.
+NO_DOCUMENTS = "no documents (the file is empty, blank or only a header)"
 
 
 # ---------------------------------------------------------------------------------------------
 # Low-level line reading.
 
 
-def _read_lines(path: PathLike) -> list[str]:
-    """Returns the lines of a UTF-8 file: BOM and line-final ``\\r`` removed, no ``\\n``.
-
-    A final newline does not produce an extra empty line. Invalid UTF-8 and a ``\\r`` that
-    is not followed by ``\\n`` raise :class:`CorpusFormatError` naming the line.
-    """
+def iter_lines(path: PathLike) -> Iterator[tuple[int, str]]:
+    """Streams ``(line number, text)`` of a UTF-8 file (1-based; BOM and line-final ``\\r``
+    removed, no ``\\n``; a final newline adds no empty line). Invalid UTF-8 and a ``\\r`` not
+    followed by ``\\n`` raise :class:`CorpusFormatError`; a missing file FileNotFoundError."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(errno.ENOENT, "corpus file not found", path)
+    offset = 0  # of the line in the file, in bytes
     with open(path, "rb") as f:
-        data = f.read()
-    start = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
-    try:
-        text = data[start:].decode("utf-8")
-    except UnicodeDecodeError as e:
-        pos = start + e.start
-        line = data.count(b"\n", 0, pos) + 1
-        col = pos - (data.rfind(b"\n", 0, pos) + 1)
-        bad = " ".join(f"0x{b:02x}" for b in data[pos : start + e.end])
-        raise CorpusFormatError(
-            path,
-            line,
-            f"invalid UTF-8: byte {bad} at byte offset {col} of the line "
-            f"(offset {pos} in the file)",
-        ) from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # The file ends with a newline.
-    if "\r" in text:
-        for i, line in enumerate(lines):
-            if line.endswith("\r"):
-                line = lines[i] = line[:-1]
+        for lineno, raw in enumerate(f, start=1):
+            start = len(codecs.BOM_UTF8) if lineno == 1 and raw.startswith(codecs.BOM_UTF8) else 0
+            try:
+                line = raw[start:].decode("utf-8")
+            except UnicodeDecodeError as e:
+                col = start + e.start
+                bad = " ".join(f"0x{b:02x}" for b in raw[col : start + e.end])
+                raise CorpusFormatError(
+                    path,
+                    lineno,
+                    f"invalid UTF-8: byte {bad} at byte offset {col} of the line "
+                    f"(offset {offset + col} in the file)",
+                ) from None
+            offset += len(raw)
+            line = line[:-1] if line.endswith("\n") else line
+            line = line[:-1] if line.endswith("\r") else line
             if "\r" in line:
                 raise CorpusFormatError(
-                    path, i + 1, "carriage return (\\r) inside the line (old Mac line endings?)"
+                    path, lineno, "carriage return (\\r) inside the line (old Mac line endings?)"
                 )
-    return lines
+            yield lineno, line
+
+
+def _read_lines(path: PathLike) -> list[str]:
+    """The lines of a UTF-8 file as :func:`iter_lines` reads them."""
+    return [line for _, line in iter_lines(path)]
 
 
 def _is_blank(line: str) -> bool:
@@ -112,6 +118,12 @@ def _first_nonblank_line(path: PathLike, max_bytes: int = 1 << 20) -> str | None
     return None
 
 
+def is_tsv(path: PathLike) -> bool:
+    """Whether a file is a TSV: its first non-blank line holds a tab."""
+    first = _first_nonblank_line(path)
+    return first is not None and "\t" in first
+
+
 def _log_summary(fmt: str, paths: Sequence[PathLike], docs: list[Document]) -> None:
     logging.info(
         "Read %s corpus %s: %d documents, %d segments.",
@@ -123,68 +135,146 @@ def _log_summary(fmt: str, paths: Sequence[PathLike], docs: list[Document]) -> N
 
 
 # ---------------------------------------------------------------------------------------------
-# TSV.
+# TSV: one row reader for every kind of TSV.
 
 
-def iter_tsv(path: PathLike) -> Iterator[Document]:
-    """Yields the documents of a ``doc_id<TAB>src<TAB>tgt`` file one at a time (see module doc).
+@dataclasses.dataclass(frozen=True)
+class TsvLayout:
+    """What a kind of TSV holds: its column layouts (every row of a file has the first row's),
+    and the columns whose text must not be blank."""
 
-    Errors (all :class:`CorpusFormatError` naming the line): wrong column count, empty
-    doc_id, empty source or target segment, blank line other than at the end of the file,
-    invalid UTF-8, and the rows of a document not being contiguous.
+    layouts: tuple[tuple[str, ...], ...]
+    required: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """``3 (doc_id, src, tgt)``, or its alternatives joined by ``or``."""
+        return " or ".join(f"{len(c)} ({', '.join(c)})" for c in self.layouts)
+
+
+#: A training/evaluation corpus.
+CORPUS_TSV = TsvLayout((TSV_HEADER,), required=("src", "tgt"))
+#: A file to translate (a target column is ignored).
+SOURCE_TSV = TsvLayout((("doc_id", "src"), TSV_HEADER))
+#: System output (an empty hypothesis is allowed).
+HYPOTHESIS_TSV = TsvLayout((("doc_id", "hyp"),))
+#: References: the corpus TSV or ``doc_id<TAB>tgt``.
+REFERENCE_TSV = TsvLayout((("doc_id", "tgt"), TSV_HEADER), required=("tgt",))
+#: Header lines skipped on line 1 of a TSV whose layout has that many columns.
+TSV_HEADERS = frozenset(
+    {"\t".join(TSV_HEADER), "doc_id\tsrc", "doc_id\ttgt", "doc_id\tref", "doc_id\thyp"}
+)
+_SIDE = {"src": "source", "tgt": "target", "hyp": "hypothesis"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TsvRow:
+    """One row of a TSV: its document, its texts by column name, its line."""
+
+    doc_id: str
+    texts: dict[str, str]
+    line: int
+
+
+class _TsvColumns:
+    """The column checks of one TSV: the first row's layout, then every row against it."""
+
+    def __init__(self, path: str, layout: TsvLayout):
+        self.path, self.layout = path, layout
+        self.by_count = {len(c): c for c in layout.layouts}
+        self.columns: tuple[str, ...] = ()
+        self.columns_line = 0
+
+    def fields(self, lineno: int, line: str) -> list[str]:
+        """The fields of ``line``; a blank line, a wrong column count or an empty doc_id is a
+        :class:`CorpusFormatError`."""
+        fields = line.split("\t")
+        if len(fields) == 1 and _is_blank(line):
+            raise CorpusFormatError(
+                self.path, lineno, "blank line (blank lines are allowed only at the end of a TSV)"
+            )
+        if not self.columns and len(fields) in self.by_count:
+            self.columns, self.columns_line = self.by_count[len(fields)], lineno
+        if len(fields) != len(self.columns):
+            want = f"{len(self.columns)} (as on line {self.columns_line})"
+            want = want if self.columns else self.layout.describe()
+            most = len(self.columns) or max(self.by_count)
+            hint = " (a tab inside the text?)" if len(fields) > most else ""
+            raise CorpusFormatError(
+                self.path,
+                lineno,
+                f"expected {want} tab-separated columns, found {len(fields)}{hint}",
+            )
+        if _is_blank(fields[0]):
+            raise CorpusFormatError(self.path, lineno, "empty doc_id")
+        return fields
+
+
+def iter_tsv_rows(path: PathLike, layout: TsvLayout) -> Iterator[TsvRow]:
+    """Streams the rows of a TSV of ``layout``, checked (every reader's TSV goes through here).
+
+    Errors (:class:`CorpusFormatError` naming the line): invalid UTF-8, a ``\\r`` inside a
+    line, a column count that is not one of the layout's or not the first row's, an empty
+    doc_id, a blank text in a required column, a blank line other than at the end of the file,
+    the rows of a document not contiguous; a file without rows is :data:`NO_DOCUMENTS`.
     """
     path = os.fspath(path)
-    lines = _read_lines(path)
-    end = len(lines)
-    while end > 0 and _is_blank(lines[end - 1]):
-        end -= 1  # Trailing blank lines are tolerated.
-    first = 1 if end > 0 and lines[0] == _HEADER_LINE else 0
-
-    seen: dict[str, int] = {}  # doc_id -> first line of that document.
-    cur_id: str | None = None
-    cur_start = 0
-    src: list[str] = []
-    tgt: list[str] = []
-    for i in range(first, end):
-        lineno = i + 1
-        line = lines[i]
-        fields = line.split("\t")
-        if len(fields) != 3:
-            if _is_blank(line):
+    check = _TsvColumns(path, layout)
+    seen: dict[str, int] = {}  # doc_id -> the line its rows start on
+    cur_id = ""
+    blank: tuple[int, str] | None = None  # the first blank line not yet known to be trailing
+    rows = 0
+    for lineno, line in iter_lines(path):
+        if _is_blank(line):
+            blank = blank or (lineno, line)
+            continue
+        if lineno == 1 and line in TSV_HEADERS and line.count("\t") + 1 in check.by_count:
+            continue
+        if blank:
+            check.fields(*blank)  # raises: a blank row has no doc_id
+        doc_id, *values = check.fields(lineno, line)
+        texts = dict(zip(check.columns[1:], values, strict=True))
+        for name in check.columns[1:]:
+            if name in layout.required and _is_blank(texts[name]):
                 raise CorpusFormatError(
-                    path, lineno, "blank line (blank lines are allowed only at the end of a TSV)"
+                    path, lineno, f"{_SIDE[name]} sentence is empty (document {doc_id!r})"
                 )
-            hint = " (a tab inside the text?)" if len(fields) > 3 else ""
-            raise CorpusFormatError(
-                path,
-                lineno,
-                f"expected 3 tab-separated columns doc_id, src, tgt; found {len(fields)}{hint}",
-            )
-        doc_id, s, t = fields
-        if _is_blank(doc_id):
-            raise CorpusFormatError(path, lineno, "empty doc_id")
-        if _is_blank(s):
-            raise CorpusFormatError(path, lineno, f"source segment is empty (document {doc_id!r})")
-        if _is_blank(t):
-            raise CorpusFormatError(path, lineno, f"target segment is empty (document {doc_id!r})")
         if doc_id != cur_id:
             if doc_id in seen:
                 raise CorpusFormatError(
                     path,
                     lineno,
                     f"rows of document {doc_id!r} are not contiguous: it started at line "
-                    f"{seen[doc_id]}, then document {cur_id!r} started at line {cur_start}",
+                    f"{seen[doc_id]}, then document {cur_id!r} started at line {seen[cur_id]}",
                 )
-            if cur_id is not None:
-                yield Document(
-                    cur_id, tuple(src), tuple(tgt), Origin(path, cur_start, path, cur_start)
-                )
-            cur_id, cur_start, src, tgt = doc_id, lineno, [], []
-            seen[doc_id] = lineno
-        src.append(s)
-        tgt.append(t)
-    if cur_id is not None:
-        yield Document(cur_id, tuple(src), tuple(tgt), Origin(path, cur_start, path, cur_start))
+            seen[doc_id], cur_id = lineno, doc_id
+        rows += 1
+        yield TsvRow(doc_id, texts, lineno)
+    if not rows:
+        raise CorpusFormatError(path, None, NO_DOCUMENTS)
+
+
+def iter_tsv(path: PathLike) -> Iterator[Document]:
+    """Yields the documents of a ``doc_id<TAB>src<TAB>tgt`` file one at a time (see module doc;
+    the rows and errors of :func:`iter_tsv_rows` with :data:`CORPUS_TSV`)."""
+    path = os.fspath(path)
+    first: TsvRow | None = None  # the current document's first row
+    src: list[str] = []
+    tgt: list[str] = []
+    for row in iter_tsv_rows(path, CORPUS_TSV):
+        if first is not None and row.doc_id != first.doc_id:
+            yield _tsv_document(path, first, src, tgt)
+            first = None
+        if first is None:
+            first, src, tgt = row, [], []
+        src.append(row.texts["src"])
+        tgt.append(row.texts["tgt"])
+    if first is not None:
+        yield _tsv_document(path, first, src, tgt)
+
+
+def _tsv_document(path: str, first: TsvRow, src: list[str], tgt: list[str]) -> Document:
+    origin = Origin(path, first.line, path, first.line)
+    return Document(first.doc_id, tuple(src), tuple(tgt), origin)
 
 
 def read_tsv(path: PathLike) -> list[Document]:
@@ -195,11 +285,11 @@ def read_tsv(path: PathLike) -> list[Document]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Two-file formats.
+# Plain text and the two-file formats.
 
 
 @dataclasses.dataclass
-class _RawDoc:
+class TextBlock:
     """One document of one side: the line it starts on and its (line, text) segments."""
 
     start: int
@@ -207,33 +297,40 @@ class _RawDoc:
     texts: list[str] = dataclasses.field(default_factory=list)
 
 
-def _split_blank_separated(lines: list[str]) -> list[_RawDoc]:
-    docs: list[_RawDoc] = []
-    cur: _RawDoc | None = None
-    for i, line in enumerate(lines):
+def iter_text_blocks(path: PathLike) -> Iterator[TextBlock]:
+    """Streams the documents of a plain-text file: one sentence per line, one or more blank
+    lines between documents (the line errors of :func:`iter_lines`; a file without a
+    sentence is :data:`NO_DOCUMENTS`)."""
+    cur: TextBlock | None = None
+    blocks = 0
+    for lineno, line in iter_lines(path):
         if _is_blank(line):
+            if cur is not None:
+                yield cur
             cur = None
             continue
         if cur is None:
-            cur = _RawDoc(start=i + 1)
-            docs.append(cur)
-        cur.lines.append(i + 1)
+            cur, blocks = TextBlock(start=lineno), blocks + 1
+        cur.lines.append(lineno)
         cur.texts.append(line)
-    return docs
+    if cur is not None:
+        yield cur
+    elif not blocks:
+        raise CorpusFormatError(path, None, NO_DOCUMENTS)
 
 
-def _split_maruf(path: str, lines: list[str], side: str) -> list[_RawDoc]:
+def _split_maruf(path: str, lines: list[str], side: str) -> list[TextBlock]:
     """Splits at ``<d>`` lines. Blank lines are kept (as empty texts) for the caller to report,
     except leading/trailing ones."""
     end = len(lines)
     while end > 0 and _is_blank(lines[end - 1]):
         end -= 1
-    docs: list[_RawDoc] = []
-    cur: _RawDoc | None = None
+    docs: list[TextBlock] = []
+    cur: TextBlock | None = None
     for i in range(end):
         line = lines[i]
         if line.strip() == DOC_MARKER:
-            cur = _RawDoc(start=i + 1)
+            cur = TextBlock(start=i + 1)
             docs.append(cur)
         elif cur is None:
             if not _is_blank(line):
@@ -243,6 +340,8 @@ def _split_maruf(path: str, lines: list[str], side: str) -> list[_RawDoc]:
         else:
             cur.lines.append(i + 1)
             cur.texts.append(line)
+    if not docs:
+        raise CorpusFormatError(path, None, NO_DOCUMENTS)
     return docs
 
 
@@ -250,8 +349,8 @@ def _align(
     fmt: str,
     src_path: str,
     tgt_path: str,
-    src_docs: list[_RawDoc],
-    tgt_docs: list[_RawDoc],
+    src_docs: list[TextBlock],
+    tgt_docs: list[TextBlock],
     check_blank: bool,
 ) -> list[Document]:
     """Pairs the documents of both sides, raising on the first difference."""
@@ -321,8 +420,8 @@ def read_parallel_text(src_path: PathLike, tgt_path: PathLike) -> list[Document]
     line in both files), invalid UTF-8.
     """
     src_path, tgt_path = os.fspath(src_path), os.fspath(tgt_path)
-    src_docs = _split_blank_separated(_read_lines(src_path))
-    tgt_docs = _split_blank_separated(_read_lines(tgt_path))
+    src_docs = list(iter_text_blocks(src_path))
+    tgt_docs = list(iter_text_blocks(tgt_path))
     return _align("plain-text", src_path, tgt_path, src_docs, tgt_docs, check_blank=False)
 
 
@@ -394,77 +493,34 @@ def read_corpus(paths: PathLike | Sequence[PathLike], fmt: str = "auto") -> list
     return read_maruf(ps[0], ps[1])
 
 
+
 # ---------------------------------------------------------------------------------------------
 # Source-only input for translation (streamed).
-
-_SOURCE_HEADERS = ("doc_id\tsrc", "doc_id\tsrc\ttgt")
 
 
 def iter_source_rows(path: PathLike) -> Iterator[tuple[str, str, int]]:
     """Streams ``(doc_id, source sentence, line)`` of a file to translate, one per sentence
     (the format and errors of :func:`iter_source_documents`)."""
     path = os.fspath(path)
-    first = _first_nonblank_line(path)
-    is_tsv = first is not None and "\t" in first
+    if is_tsv(path):
+        for row in iter_tsv_rows(path, SOURCE_TSV):
+            yield row.doc_id, row.texts["src"], row.line
+        return
     base = os.path.basename(path)
-    cur_id: str | None = None
-    documents = 0  # plain text: documents started so far
-    in_document = False
-    seen: set[str] = set()
-    columns = None
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise CorpusFormatError(
-                    path, lineno, f"invalid UTF-8 at byte {e.start} of the line"
-                ) from None
-            if lineno == 1 and line.startswith("\ufeff"):
-                line = line[1:]
-            line = line.rstrip("\n").rstrip("\r")
-            if not is_tsv:
-                if _is_blank(line):
-                    in_document = False
-                    continue
-                if not in_document:
-                    in_document, documents = True, documents + 1
-                yield f"{base}:{documents - 1}", line, lineno
-                continue
-            if _is_blank(line):
-                continue  # blank rows carry nothing in a TSV to translate
-            if lineno == 1 and line in _SOURCE_HEADERS:
-                continue
-            fields = line.split("\t")
-            columns = columns or len(fields)
-            if len(fields) not in (2, 3) or len(fields) != columns:
-                raise CorpusFormatError(
-                    path,
-                    lineno,
-                    f"expected {columns if columns in (2, 3) else '2 or 3'} tab-separated "
-                    f"columns (doc_id, src[, tgt]); found {len(fields)}",
-                )
-            doc_id, src = fields[0], fields[1]
-            if _is_blank(doc_id):
-                raise CorpusFormatError(path, lineno, "empty doc_id")
-            if doc_id != cur_id:
-                if doc_id in seen:
-                    raise CorpusFormatError(
-                        path, lineno, f"rows of document {doc_id!r} are not contiguous"
-                    )
-                seen.add(doc_id)
-                cur_id = doc_id
-            yield doc_id, src, lineno
+    for n, block in enumerate(iter_text_blocks(path)):
+        for lineno, text in zip(block.lines, block.texts, strict=True):
+            yield f"{base}:{n}", text, lineno
 
 
 def iter_source_documents(path: PathLike) -> Iterator[tuple[str, list[str], int]]:
     """Streams ``(doc_id, source sentences, first line)`` of a file to translate.
 
     A TSV (detected by a tab in the first non-blank line) has rows ``doc_id<TAB>src`` or
-    ``doc_id<TAB>src<TAB>tgt`` (header optional, a document's rows contiguous); any other
-    file is plain text, one sentence per line, a blank line between documents, doc ids
-    ``"{basename}:{n}"``. Reads line by line, so memory does not grow with the file. Errors
-    are :class:`CorpusFormatError` naming the line.
+    ``doc_id<TAB>src<TAB>tgt`` (:data:`SOURCE_TSV`: header optional, a document's rows
+    contiguous, blank lines only at the end); any other file is plain text, one sentence per
+    line, a blank line between documents, doc ids ``"{basename}:{n}"``. Reads line by line, so
+    memory does not grow with the file. Errors are :class:`CorpusFormatError` naming the line
+    (those of :func:`iter_tsv_rows` and :func:`iter_text_blocks`).
     """
     cur_id: str | None = None
     cur_start = 0

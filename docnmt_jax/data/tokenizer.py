@@ -7,6 +7,15 @@ Special ids are the same for every model this module trains or accepts:
 * ``BOS_ID = 2``: beginning of sequence / decoder start; skipped by ``decode``.
 * ``UNK_ID = 3``: unknown piece (rare: ``byte_fallback`` spells unseen characters as bytes).
 
+A model trained elsewhere (``config.data.tokenizer=PATH``) with other special ids -- e.g.
+sentencepiece's defaults ``unk=0, bos=1, eos=2`` and no pad -- is accepted by mapping ids: its
+unk/bos/eos/pad pieces take the ids above, its other pieces ``4, 5, ...`` in the model's own
+order (:class:`Tokenizer` holds the two numpy tables), so every model, the vocabulary size
+(the mapped one) and checkpoints see only the ids above. Such a model round-trips unseen
+characters only if it was trained with ``byte_fallback``; its unknown text decodes as its unk
+piece. A model without an unknown piece cannot be mapped (sentencepiece refuses it too): a
+:class:`TokenizerError` says so.
+
 Models are trained on the *training split only* (source and target sentences together) by
 :func:`train_tokenizer`. Training is deterministic: the same documents and options give the
 same model bytes (sentences are fed in corpus order, no sampling or shuffling, a fixed
@@ -30,6 +39,7 @@ import re
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
 import sentencepiece as spm
 from absl import logging
 
@@ -48,8 +58,51 @@ class TokenizerError(UserError, ValueError):
     """A tokenizer file is not ours or cannot be trained as asked (one line, no traceback)."""
 
 
+#: The pieces of the fixed ids, for a mapped model that has no piece of that role.
+_SPECIAL_PIECES = {PAD_ID: "<pad>", EOS_ID: "</s>", BOS_ID: "<s>", UNK_ID: "<unk>"}
+
+
+def _load_processor(model_path: str) -> spm.SentencePieceProcessor:
+    """The sentencepiece model at ``model_path``; not one, or one without an unknown piece, is
+    a one-line :class:`TokenizerError`."""
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.Load(model_file=model_path)
+    except (OSError, RuntimeError) as e:
+        reason = str(e).strip()
+        if "unk is not defined" in reason:
+            raise TokenizerError(
+                f"{model_path}: the sentencepiece model has no unknown piece (type UNKNOWN, "
+                "e.g. <unk>), so its ids cannot be mapped to docnmt_jax's (which need one for "
+                "unseen text); retrain it with an unk piece"
+            ) from None
+        raise TokenizerError(f"{model_path}: not a sentencepiece model ({reason})") from None
+    return sp
+
+
+def _id_tables(sp: spm.SentencePieceProcessor) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(to_internal, to_model)``: the internal id of each of the model's piece ids and the
+    model's id of each internal id (-1: an internal special the model has no piece for); None
+    when the model already has the fixed ids."""
+    roles = {"pad": sp.pad_id(), "eos": sp.eos_id(), "bos": sp.bos_id(), "unk": sp.unk_id()}
+    if roles == _SPECIAL_IDS:
+        return None
+    special = {model_id: _SPECIAL_IDS[role] for role, model_id in roles.items() if model_id >= 0}
+    to_internal = np.empty(sp.GetPieceSize(), dtype=np.int64)
+    next_id = len(_SPECIAL_IDS)
+    for model_id in range(sp.GetPieceSize()):
+        if model_id in special:
+            to_internal[model_id] = special[model_id]
+        else:
+            to_internal[model_id], next_id = next_id, next_id + 1
+    to_model = np.full(next_id, -1, dtype=np.int64)
+    to_model[to_internal] = np.arange(sp.GetPieceSize())
+    return to_internal, to_model
+
+
 class Tokenizer:
-    """A loaded sentencepiece model whose special ids are :data:`PAD_ID` ... :data:`UNK_ID`."""
+    """A loaded sentencepiece model; its ids are :data:`PAD_ID` ... :data:`UNK_ID` then the
+    other pieces (a model trained elsewhere is mapped: see the module doc)."""
 
     def __init__(self, model_path: str | os.PathLike, num_threads: int = -1):
         """Loads ``model_path``; ``num_threads`` is for :meth:`encode_batch` (-1: all cores)."""
@@ -57,20 +110,20 @@ class Tokenizer:
         self._num_threads = num_threads
         if not os.path.isfile(self._model_path):
             raise RunNotFoundError(errno.ENOENT, "sentencepiece model not found", self._model_path)
-        sp = spm.SentencePieceProcessor()
-        try:
-            sp.Load(model_file=self._model_path)
-        except (OSError, RuntimeError) as e:
-            raise TokenizerError(
-                f"{self._model_path}: not a sentencepiece model ({str(e).strip()})"
-            ) from None
-        actual = {"pad": sp.pad_id(), "eos": sp.eos_id(), "bos": sp.bos_id(), "unk": sp.unk_id()}
-        if actual != _SPECIAL_IDS:
-            raise TokenizerError(
-                f"{self._model_path}: special ids are {actual}, expected {_SPECIAL_IDS} "
-                "(the model was not trained by docnmt_jax.data.tokenizer)"
+        self._sp = _load_processor(self._model_path)
+        tables = _id_tables(self._sp)
+        self._to_internal, self._to_model = tables if tables is not None else (None, None)
+        if tables is not None:
+            logging.info(
+                "Tokenizer %s: special ids unk=%d bos=%d eos=%d pad=%d mapped to docnmt_jax's "
+                "(vocab size %d).",
+                self._model_path,
+                self._sp.unk_id(),
+                self._sp.bos_id(),
+                self._sp.eos_id(),
+                self._sp.pad_id(),
+                self.vocab_size,
             )
-        self._sp = sp
 
     @property
     def model_path(self) -> str:
@@ -78,7 +131,15 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """The number of internal ids (a mapped model: its pieces plus the fixed ids it lacks)."""
+        if self._to_model is not None:
+            return len(self._to_model)
         return self._sp.GetPieceSize()
+
+    @property
+    def maps_ids(self) -> bool:
+        """Whether the model's own ids differ from the internal ones (a model trained elsewhere)."""
+        return self._to_internal is not None
 
     @property
     def pad_id(self) -> int:
@@ -98,18 +159,25 @@ class Tokenizer:
 
     @property
     def processor(self) -> spm.SentencePieceProcessor:
-        """The underlying ``SentencePieceProcessor``."""
+        """The underlying ``SentencePieceProcessor``: its ids are the model file's own (see
+        :attr:`maps_ids`); use this class's methods for internal ids."""
         return self._sp
+
+    def _internal(self, ids: list[int]) -> list[int]:
+        if self._to_internal is None or not ids:
+            return ids
+        return self._to_internal[np.asarray(ids, dtype=np.int64)].tolist()
 
     def encode(self, text: str) -> list[int]:
         """Piece ids of ``text``; no BOS/EOS is added."""
-        return self._sp.EncodeAsIds(text)
+        return self._internal(self._sp.EncodeAsIds(text))
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Piece ids of each text (multi-threaded); no BOS/EOS is added."""
         if not texts:
             return []
-        return self._sp.Encode(list(texts), out_type=int, num_threads=self._num_threads)
+        rows = self._sp.Encode(list(texts), out_type=int, num_threads=self._num_threads)
+        return rows if self._to_internal is None else [self._internal(r) for r in rows]
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids`` up to (excluding) the first EOS; PAD and BOS are ignored.
@@ -123,6 +191,8 @@ class Tokenizer:
                 break
             if i != PAD_ID and i != BOS_ID:
                 out.append(i)
+        if self._to_model is not None and out:
+            out = self._to_model[np.asarray(out, dtype=np.int64)].tolist()
         return self._sp.DecodeIds(out)
 
     def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
@@ -130,14 +200,23 @@ class Tokenizer:
         return [self.decode(ids) for ids in batch]
 
     def id_to_piece(self, i: int) -> str:
-        return self._sp.IdToPiece(int(i))
+        """The piece of internal id ``i``."""
+        if self._to_model is None:
+            return self._sp.IdToPiece(int(i))
+        model_id = int(self._to_model[int(i)])
+        return self._sp.IdToPiece(model_id) if model_id >= 0 else _SPECIAL_PIECES[int(i)]
+
+    def piece_to_id(self, piece: str) -> int:
+        """The internal id of ``piece`` (:data:`UNK_ID` for a piece not in the model)."""
+        return self._internal([self._sp.PieceToId(piece)])[0]
 
     def __repr__(self) -> str:
         return f"Tokenizer({self._model_path!r}, vocab_size={self.vocab_size})"
 
 
 def load_tokenizer(model_path: str | os.PathLike, num_threads: int = -1) -> Tokenizer:
-    """Loads a model; FileNotFoundError if missing, ValueError if not a valid model for us."""
+    """Loads a model; FileNotFoundError if missing, ValueError (:class:`TokenizerError`) if
+    it is not a sentencepiece model or cannot be mapped to the fixed ids."""
     return Tokenizer(model_path, num_threads=num_threads)
 
 

@@ -23,7 +23,8 @@ file. Accepted files (UTF-8; a file is a TSV if its first non-blank line holds a
 
 Plain-text documents have no ids: they are called ``doc N`` (``N`` 1-based) and, if either
 file is plain text, documents are matched by position; otherwise by doc id, in the
-reference's order. Malformed files and mismatches raise
+reference's order. Files are read by :mod:`docnmt_jax.data.readers` (the readers of training
+and translation: one fault, one message). Malformed files and mismatches raise
 :class:`~docnmt_jax.data.documents.CorpusFormatError` (one line, ``FILE[:LINE]: reason``).
 """
 
@@ -36,18 +37,14 @@ from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
+from docnmt_jax.data import readers
 from docnmt_jax.data.documents import CorpusFormatError
-from docnmt_jax.data.readers import _first_nonblank_line, _is_blank, _read_lines
+from docnmt_jax.data.readers import _is_blank
 from docnmt_jax.errors import InputMismatchError
 from docnmt_jax.evaluation.pronouns import format_pronoun_report, pronoun_scores
 
 PathLike = str | os.PathLike
 
-#: Header lines recognised (and skipped) on line 1 of a TSV, by number of columns.
-TSV_HEADERS = {
-    2: ("doc_id\thyp", "doc_id\ttgt", "doc_id\tref"),
-    3: ("doc_id\tsrc\ttgt",),
-}
 _MAX_LISTED = 5  # Document ids listed in one error message.
 
 
@@ -77,99 +74,42 @@ class TextDocument:
 # Reading.
 
 
-def is_tsv(path: PathLike) -> bool:
-    """Whether a file is a TSV: its first non-blank line contains a tab."""
-    first = _first_nonblank_line(path)
-    return first is not None and "\t" in first
+def _plain_documents(path: str) -> list[TextDocument]:
+    """The blank-line separated documents of a plain-text file, called ``doc N``."""
+    return [
+        TextDocument(f"doc {n}", tuple(block.texts), path, block.start, positional=True)
+        for n, block in enumerate(readers.iter_text_blocks(path), start=1)
+    ]
 
 
-def _read_plain(path: str) -> list[TextDocument]:
-    docs: list[TextDocument] = []
-    start, cur = 0, []
-    for i, line in enumerate([*_read_lines(path), ""]):
-        if _is_blank(line):
-            if cur:
-                n = len(docs) + 1
-                docs.append(TextDocument(f"doc {n}", tuple(cur), path, start, positional=True))
-            cur = []
-            continue
-        if not cur:
-            start = i + 1
-        cur.append(line)
-    return docs
-
-
-def _read_tsv(
-    path: str, columns: tuple[int, ...], allow_empty: bool, role: str
-) -> list[TextDocument]:
-    """Reads ``doc_id<TAB>...<TAB>text`` rows with ``len(fields) in columns`` (all rows alike)."""
-    lines = _read_lines(path)
-    end = len(lines)
-    while end > 0 and _is_blank(lines[end - 1]):
-        end -= 1  # Trailing blank lines are tolerated.
-    first = 0
-    if end > 0 and any(lines[0] in TSV_HEADERS[c] for c in columns):
-        first = 1
-    names = {2: "doc_id, hyp" if allow_empty else "doc_id, tgt", 3: "doc_id, src, tgt"}
-    expected = " or ".join(f"{c} ({names[c]})" for c in columns)
-    ncols = 0
-    ncols_line = 0
-    seen: dict[str, int] = {}  # doc_id -> line where the document starts.
-    rows: list[tuple[str, list[str]]] = []  # (doc_id, sentences), in file order.
-    for i in range(first, end):
-        lineno = i + 1
-        line = lines[i]
-        fields = line.split("\t")
-        if _is_blank(line) and len(fields) == 1:
-            raise CorpusFormatError(
-                path, lineno, "blank line (blank lines are allowed only at the end of a TSV)"
-            )
-        if not ncols and len(fields) in columns:
-            ncols, ncols_line = len(fields), lineno
-        if len(fields) != ncols:
-            hint = " (a tab inside the text?)" if len(fields) > max(columns) else ""
-            want = f"{ncols} (as on line {ncols_line})" if ncols else expected
-            raise CorpusFormatError(
-                path,
-                lineno,
-                f"{role} TSV: expected {want} tab-separated columns, found {len(fields)}{hint}",
-            )
-        doc_id, text = fields[0], fields[-1]
-        if _is_blank(doc_id):
-            raise CorpusFormatError(path, lineno, "empty doc_id")
-        if not allow_empty and _is_blank(text):
-            raise CorpusFormatError(path, lineno, f"{role} sentence is empty (document {doc_id!r})")
-        if not rows or doc_id != rows[-1][0]:
-            if doc_id in seen:
-                prev = rows[-1][0]
-                raise CorpusFormatError(
-                    path,
-                    lineno,
-                    f"rows of document {doc_id!r} are not contiguous: it started at line "
-                    f"{seen[doc_id]}, then document {prev!r} started at line {seen[prev]}",
-                )
-            seen[doc_id] = lineno
-            rows.append((doc_id, []))
-        rows[-1][1].append("" if _is_blank(text) else text)
-    return [TextDocument(d, tuple(sents), path, seen[d]) for d, sents in rows]
+def _tsv_documents(path: str, layout: readers.TsvLayout, column: str) -> list[TextDocument]:
+    """The documents of a TSV of ``layout`` (:func:`~docnmt_jax.data.readers.iter_tsv_rows`),
+    their sentences the text of ``column`` (a blank one ``""``)."""
+    rows: list[tuple[str, int, list[str]]] = []  # (doc_id, first line, sentences)
+    for row in readers.iter_tsv_rows(path, layout):
+        if not rows or row.doc_id != rows[-1][0]:
+            rows.append((row.doc_id, row.line, []))
+        text = row.texts[column]
+        rows[-1][2].append("" if _is_blank(text) else text)
+    return [TextDocument(d, tuple(sents), path, line) for d, line, sents in rows]
 
 
 def read_hypotheses(path: PathLike) -> list[TextDocument]:
     """Reads system output: TSV ``doc_id<TAB>hyp`` (header optional) or blank-line separated
     plain text. Empty hypotheses are allowed in the TSV (as ``""``)."""
     path = os.fspath(path)
-    if is_tsv(path):
-        return _read_tsv(path, (2,), allow_empty=True, role="hypothesis")
-    return _read_plain(path)
+    if readers.is_tsv(path):
+        return _tsv_documents(path, readers.HYPOTHESIS_TSV, "hyp")
+    return _plain_documents(path)
 
 
 def read_references(path: PathLike) -> list[TextDocument]:
     """Reads references: TSV ``doc_id<TAB>src<TAB>tgt`` or ``doc_id<TAB>tgt`` (header
     optional), or blank-line separated plain text. Empty references are errors."""
     path = os.fspath(path)
-    if is_tsv(path):
-        return _read_tsv(path, (2, 3), allow_empty=False, role="reference")
-    return _read_plain(path)
+    if readers.is_tsv(path):
+        return _tsv_documents(path, readers.REFERENCE_TSV, "tgt")
+    return _plain_documents(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,11 +257,7 @@ def evaluate_files(
     sentences (always case-insensitive)."""
     hyp_path, ref_path = os.fspath(hyp_path), os.fspath(ref_path)
     ref_docs = read_references(ref_path)
-    if not ref_docs:
-        raise CorpusFormatError(ref_path, None, "no reference documents in the file")
     hyp_docs = read_hypotheses(hyp_path)
-    if not hyp_docs:
-        raise CorpusFormatError(hyp_path, None, "no hypothesis documents in the file")
     pairs = align_documents(hyp_docs, ref_docs)
     result = score_documents(
         [h.sentences for h, _ in pairs], [r.sentences for _, r in pairs], lowercase=lowercase
