@@ -4,6 +4,12 @@ A workdir holds ``config.json``, ``spm.model`` (unless ``config.data.tokenizer``
 ``checkpoints/<step>`` and ``best/<step>``; :func:`load_translator` rebuilds the model from the
 config and restores only its parameters from the chosen checkpoint (onto a device mesh if
 asked: the Translator then searches there).
+
+Every function here that takes a workdir also takes a release directory
+(``launch/export.py``, :mod:`docnmt_jax.export.release`): its ``config.json``, always its own
+``spm.model``, and its one parameter set, so a ``--checkpoint`` other than the default
+(:data:`DEFAULT_CHECKPOINT`) or a ``--params`` other than ``auto`` or the release's own set is
+a one-line error.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
+from flax import traverse_util
 
 from docnmt_jax import parallel
 from docnmt_jax.data.schema import dummy_batch
@@ -24,19 +31,31 @@ from docnmt_jax.data.tokenizer import Tokenizer, load_tokenizer
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.decoding.translator import MAX_SOURCE_TOKENS, Translator
 from docnmt_jax.errors import RunNotFoundError, UserError, VocabularyMismatchError
+from docnmt_jax.export import release
 from docnmt_jax.models import Model, build_model
 from docnmt_jax.training import checkpoints
 
+#: The ``--checkpoint`` of translate.py, evaluate.py and analyze.py when none is given: the
+#: only one a release directory accepts.
+DEFAULT_CHECKPOINT = "best"
+
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
+    """The ``config.json`` of a workdir or a release directory."""
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
-        raise RunNotFoundError(f"{path} not found: is {workdir} a training workdir?")
+        raise RunNotFoundError(
+            f"{path} not found: is {workdir} a training workdir or a release directory?"
+        )
     with open(path, encoding="utf-8") as f:
         return ml_collections.ConfigDict(json.load(f))
 
 
 def load_run_tokenizer(config: ml_collections.ConfigDict, workdir: str) -> Tokenizer:
+    """The run's tokenizer: ``config.data.tokenizer`` or the workdir's ``spm.model``; a
+    release directory's own ``spm.model`` whatever the config says."""
+    if release.is_release(workdir):
+        return load_tokenizer(os.path.join(workdir, release.TOKENIZER_FILE))
     return load_tokenizer(config.data.tokenizer or os.path.join(workdir, "spm.model"))
 
 
@@ -106,6 +125,66 @@ def parameter_tree(step_dir: str, params: str) -> str:
     return "ema" if has_ema else "params"
 
 
+def release_manifest(directory: str, which: str, params: str) -> dict[str, Any]:
+    """The manifest of the release in ``directory``, once ``which`` (``--checkpoint``) and
+    ``params`` (``--params``) are known to fit its one parameter set: ``which`` must be
+    :data:`DEFAULT_CHECKPOINT`, ``params`` ``auto`` or the release's set."""
+    if params not in PARAM_SETS:
+        raise UserError(f"--params must be one of {', '.join(PARAM_SETS)}, got {params!r}")
+    manifest = release.read_manifest(directory)
+    held = f"{manifest['parameter_set']} parameters of step {manifest['source_step']}"
+    if str(which) != DEFAULT_CHECKPOINT:
+        raise UserError(
+            f"{directory} is a release holding one parameter set ({held}): --checkpoint "
+            f"{which} does not apply (leave it at {DEFAULT_CHECKPOINT})"
+        )
+    if params not in ("auto", manifest["parameter_set"]):
+        raise UserError(
+            f"{directory} is a release holding one parameter set ({held}): --params {params} "
+            "does not apply"
+        )
+    return manifest
+
+
+def selected_parameters(workdir: str, which: str, params: str) -> tuple[int, str]:
+    """The step and the parameter set (``ema`` or ``raw``) that ``which`` and ``params``
+    (:data:`PARAM_SETS`) pick in a workdir or a release directory."""
+    if release.is_release(workdir):
+        manifest = release_manifest(workdir, which, params)
+        return manifest["source_step"], manifest["parameter_set"]
+    step_dir, step = checkpoint_step_dir(workdir, which)
+    return step, "raw" if parameter_tree(step_dir, params) == "params" else "ema"
+
+
+def fit_release_params(
+    model: Model, saved: Mapping[str, np.ndarray], directory: str, tokenizer_path: str | None
+) -> Any:
+    """The parameter tree of ``model`` from a release's flat parameters ``saved``
+    (:func:`~docnmt_jax.export.release.read_params`): every parameter present, no other, each
+    of the model's shape (else a one-line error) and dtype."""
+    boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), dummy_batch())["params"]
+    template = traverse_util.flatten_dict(nn.meta.unbox(boxed), sep="/")
+    where = os.path.join(directory, release.PARAMS_FILE)
+    missing, unexpected = sorted(set(template) - set(saved)), sorted(set(saved) - set(template))
+    if missing or unexpected:
+        raise UserError(
+            f"{where} does not fit the model of its config.json: missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}"
+        )
+    mismatched = [
+        f"{k}: release {saved[k].shape} vs model {tuple(v.shape)}"
+        for k, v in template.items()
+        if saved[k].shape != tuple(v.shape)
+    ]
+    if mismatched:
+        raise VocabularyMismatchError(
+            f"{tokenizer_path or 'the tokenizer'} does not fit {where}: {'; '.join(mismatched)}"
+        )
+    return release.unflatten_params(
+        {k: np.asarray(saved[k], dtype=v.dtype) for k, v in template.items()}
+    )
+
+
 def load_params(
     model: Model,
     workdir: str,
@@ -114,11 +193,16 @@ def load_params(
     params: str = "auto",
 ) -> tuple[Any, int]:
     """Parameters of ``model`` restored from ``which`` checkpoint of ``workdir``, and its step;
-    ``params`` picks the EMA or the raw parameters (:data:`PARAM_SETS`).
+    ``params`` picks the EMA or the raw parameters (:data:`PARAM_SETS`). A release directory
+    gives its one parameter set and the step it came from (:func:`release_manifest`).
 
     ``model`` is built from the run's own config, so a parameter whose shape differs from the
     checkpoint's can only come from the vocabulary: a :class:`VocabularyMismatchError` names
     ``tokenizer_path`` and the shapes."""
+    if release.is_release(workdir):
+        manifest = release_manifest(workdir, which, params)
+        saved = release.read_params(workdir, manifest)
+        return fit_release_params(model, saved, workdir, tokenizer_path), manifest["source_step"]
     template = nn.meta.unbox(model.init(jax.random.PRNGKey(0), dummy_batch())["params"])
     step_dir, step = checkpoint_step_dir(workdir, which)
     tree = parameter_tree(step_dir, params)
