@@ -38,7 +38,7 @@ def _run(script, *args, env=None):
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
+    return out.stdout + out.stderr
 
 
 def test_translate_then_evaluate_round_trip(trained_run, synthetic_dir, tmp_path):
@@ -72,9 +72,15 @@ def test_plain_text_input_and_single_sentence_documents(trained_run, tmp_path):
     text = tmp_path / "in.txt"
     text.write_text("tanu nopagu mata\n\nkada rumanu\npisa goguki\n", encoding="utf-8")
     hyp = tmp_path / "out.tsv"
-    _run("translate.py", f"--workdir={trained_run}", f"--input={text}", f"--output={hyp}")
+    common = [f"--workdir={trained_run}", f"--input={text}"]
+    _run("translate.py", *common, f"--output={hyp}", "--output_format=tsv")
     rows = hyp.read_text(encoding="utf-8").splitlines()[1:]
     assert [r.split("\t")[0] for r in rows] == ["in.txt:0", "in.txt:1", "in.txt:1"]
+    plain = tmp_path / "out.txt"  # the input's own format, line for line
+    _run("translate.py", *common, f"--output={plain}")
+    lines = plain.read_text(encoding="utf-8").split("\n")
+    assert lines[1] == "" and lines[4] == "" and len(lines) == 5
+    assert [lines[0], lines[2], lines[3]] == [r.split("\t", 1)[1] for r in rows]
 
 
 def test_streamed_blocks_equal_one_pass(trained_run, synthetic_dir):

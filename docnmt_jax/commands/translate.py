@@ -1,35 +1,60 @@
-"""Translate documents with a trained run.
+"""Translate documents with a trained run (or an exported release).
 
-    python launch/translate.py --workdir runs/NAME --input FILE --output FILE \\
+    docnmt-translate --workdir runs/NAME [--input FILE|-] [--output FILE|-] \\
         [--beam 5 --alpha 0.6 --batch_tokens 4096 --checkpoint best|latest|STEP]
-        [--mesh DATA,FSDP,MODEL] [--sentences]
+        [--nbest N] [--sample --temperature T --top_k K --top_p P --seed S]
+        [--output_format auto|tsv|text] [--interactive] [--mesh DATA,FSDP,MODEL] [--sentences]
 
-Input: TSV ``doc_id<TAB>src[<TAB>tgt]`` (header optional) or plain text with a blank line
-between documents. Output: TSV ``doc_id<TAB>hyp`` with a header, one row per input sentence, in
-input order, detokenised. The input is streamed block by block, so memory does not grow with
-its size; sentences/s, tokens/s and the number of compilations are printed at the end.
+Input (``-``, standard input, by default): TSV ``doc_id<TAB>src[<TAB>tgt]`` (header
+optional) or plain text with a blank line between documents, detected from the first
+non-blank line. Output (``-``, standard output, by default) in the input's shape unless
+``--output_format`` says otherwise: TSV ``doc_id<TAB>hyp`` with a header, or plain text
+line for line with the input (``cat src.txt | docnmt-translate --workdir R | sacrebleu
+ref.txt``); ``--nbest N`` writes the N best of every sentence with their scores
+(:mod:`~docnmt_jax.commands.translate_io`). Messages go to standard error. A file input is
+streamed block by block, so memory does not grow with its size; sentences/s, tokens/s and the
+number of compilations are printed at the end.
+
+``--sample`` draws ``--nbest`` samples per sentence (default one) from the model's distribution
+(``--temperature``, ``--top_k``, ``--top_p``, ``--seed``) instead of searching; the best-scoring
+one is the translation. ``--interactive`` translates each input line as it arrives, keeping
+the document's earlier sentences as context until a blank line (past-only context:
+:mod:`docnmt_jax.api`), and flushes after each line.
 
 ``--sentences`` translates every sentence as its own one-sentence document (no context:
 Zheng et al. 2020, Table 2; ``--block_documents`` then counts one-sentence documents); the
-output keeps the input's doc ids and order. ``launch/analyze.py single-sentence`` scores it
+output keeps the input's doc ids and order. ``docnmt-analyze single-sentence`` scores it
 against the document translation.
 
 ``--random_context_seed N`` translates a document model's input with draw ``N`` of random
 contexts (Jean & Cho 2019: every sentence sees only other documents' sentences, as
 :func:`~docnmt_jax.evaluation.context_marginal.random_context_corpus` lays them; the whole
 input is read at once, since contexts are drawn from all of it); the output keeps the input's
-documents and order. ``launch/evaluate.py --workdir`` runs the whole measurement.
+documents and order. ``docnmt-evaluate --workdir`` runs the whole measurement.
 """
 
 from __future__ import annotations
 
+import collections
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from absl import app, flags, logging
 from tqdm.auto import tqdm
 
 from docnmt_jax import cli
+from docnmt_jax.api import load
+from docnmt_jax.commands.translate_io import (
+    OUTPUT_FORMATS,
+    OutputWriter,
+    input_path,
+    interactive_loop,
+    output_stream,
+    resolved_format,
+)
+from docnmt_jax.data import readers
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.readers import iter_source_documents
 from docnmt_jax.decoding.search import SearchConfig
@@ -37,13 +62,37 @@ from docnmt_jax.decoding.translator import Translator
 from docnmt_jax.errors import RunNotFoundError, UserError
 from docnmt_jax.evaluation.analysis import single_sentence_stream
 from docnmt_jax.evaluation.context_marginal import translate_with_random_context
-from docnmt_jax.files import atomic_open
 from docnmt_jax.training.restore import load_translator
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Training run directory (config.json, spm.model).")
-_INPUT = flags.DEFINE_string("input", None, "File to translate (TSV or blank-line-separated text).")
-_OUTPUT = flags.DEFINE_string("output", None, "Output TSV doc_id<TAB>hyp.")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Training run directory (config.json, spm.model) or an exported release."
+)
+_INPUT = flags.DEFINE_string(
+    "input", "-", "File to translate (TSV or blank-line-separated text); - = standard input."
+)
+_OUTPUT = flags.DEFINE_string("output", "-", "Output file; - = standard output.")
+_OUTPUT_FORMAT = flags.DEFINE_enum(
+    "output_format", "auto", list(OUTPUT_FORMATS), "tsv, text, or auto: the input's format."
+)
+_INTERACTIVE = flags.DEFINE_bool(
+    "interactive",
+    False,
+    "Translate each line as it arrives, the document's earlier lines as context until a "
+    "blank line; flush after each line.",
+)
 _BEAM = flags.DEFINE_integer("beam", 5, "Beam size; 1 = greedy.")
+_NBEST = flags.DEFINE_integer(
+    "nbest", 1, "Write the N best hypotheses of every sentence with their scores (N <= beam)."
+)
+_SAMPLE = flags.DEFINE_bool(
+    "sample", False, "Draw --nbest samples per sentence instead of searching."
+)
+_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling: divides the logits.")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "Sampling: keep the K most probable tokens; 0: all.")
+_TOP_P = flags.DEFINE_float(
+    "top_p", 1.0, "Sampling: keep the most probable tokens holding mass P; 1: all."
+)
+_SEED = flags.DEFINE_integer("seed", 0, "Sampling: the seed of the draws.")
 _ALPHA = flags.DEFINE_float("alpha", 0.6, "Length penalty exponent: ((5 + len) / 6) ** alpha.")
 _LEN_A = flags.DEFINE_float("len_a", 1.5, "Output limit: len_a * source tokens + len_b.")
 _LEN_B = flags.DEFINE_integer("len_b", 10, "Output limit: len_a * source tokens + len_b.")
@@ -92,7 +141,7 @@ _MESH = flags.DEFINE_string(
     "Search on a device mesh: sizes DATA,FSDP,MODEL (-1: the rest of the devices), e.g. 8,1,1 "
     "or -1,1,2; empty: one device.",
 )
-flags.mark_flags_as_required(["workdir", "input", "output"])
+flags.mark_flags_as_required(["workdir"])
 
 
 def parse_mesh(text: str) -> dict[str, int] | None:
@@ -116,65 +165,128 @@ def random_context_stream(
     ``seed``; a sentence-level model raises ``ContextUsageError`` (a user error)."""
     docs = [Document(doc_id, tuple(s), ("",) * len(s)) for doc_id, s in documents]
     hyps, coverage = translate_with_random_context(translator, docs, seed)
-    print(f"random contexts (seed {seed}): {100 * coverage:.1f}% of sentences saw other documents")
+    print(
+        f"random contexts (seed {seed}): {100 * coverage:.1f}% of sentences saw other documents",
+        file=sys.stderr,
+    )
     return zip((d.doc_id for d in docs), hyps, strict=True)
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.set_verbosity(logging.WARNING)
-    if _SENTENCES.value and _RANDOM_SEED.value is not None:
-        raise app.UsageError("--sentences translates without context: no --random_context_seed")
-    search = SearchConfig(
+def search_options() -> dict[str, Any]:
+    """The search flags as :class:`SearchConfig` fields (a bad combination: one line)."""
+    options = dict(
         beam_size=_BEAM.value,
         alpha=_ALPHA.value,
         len_a=_LEN_A.value,
         len_b=_LEN_B.value,
         max_len=_MAX_LEN.value,
+        nbest=_NBEST.value,
+        sample=_SAMPLE.value,
+        temperature=_TEMPERATURE.value,
+        top_k=_TOP_K.value,
+        top_p=_TOP_P.value,
+        seed=_SEED.value,
     )
-    if not os.path.isfile(_INPUT.value):  # before the model loads
+    try:
+        SearchConfig(**options)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    return options
+
+
+def check_flags(argv: list[str]) -> None:
+    """Flag combinations that cannot work, before the model loads."""
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    alone = _SENTENCES.value or _RANDOM_SEED.value is not None
+    if _SENTENCES.value and _RANDOM_SEED.value is not None:
+        raise app.UsageError("--sentences translates without context: no --random_context_seed")
+    if _NBEST.value > 1 and alone:
+        raise app.UsageError("--nbest goes with a plain translation: no --sentences or random")
+    if _INTERACTIVE.value and (alone or _NBEST.value > 1 or _INPUT.value != "-"):
+        raise app.UsageError(
+            "--interactive reads standard input and writes one translation per line: no "
+            "--input, --nbest, --sentences or --random_context_seed"
+        )
+    if _NBEST.value > 1 and _OUTPUT_FORMAT.value == "text":
+        raise app.UsageError("--nbest writes its own TSV (with scores): no --output_format=text")
+    if _INPUT.value not in ("-", "/dev/stdin") and not os.path.isfile(_INPUT.value):
         raise RunNotFoundError(f"--input={_INPUT.value}: no such file")
+
+
+def say(text: str) -> None:
+    """A message on standard error (standard output may be the translation)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str]) -> None:
+    check_flags(argv)
+    logging.set_verbosity(logging.WARNING)
+    options = search_options()
+    if _INTERACTIVE.value:
+        model = load(
+            _WORKDIR.value, _CHECKPOINT.value, _PARAMS.value, _DTYPE.value, _BATCH_TOKENS.value
+        )
+        say(f"translating standard input line by line with {_WORKDIR.value} step {model.step}")
+        interactive_loop(model, options, sys.stdin, sys.stdout)
+        return
     translator, step = load_translator(
         _WORKDIR.value,
         _CHECKPOINT.value,
-        search,
+        SearchConfig(**options),
         batch_tokens=_BATCH_TOKENS.value,
         mesh=parse_mesh(_MESH.value),
         max_source_tokens=_MAX_SOURCE.value,
         params=_PARAMS.value,
         dtype=_DTYPE.value,
     )
-    translator.source_file = _INPUT.value  # a sentence too long for the model: FILE:LINE
+    with input_path(_INPUT.value) as path:
+        try:
+            translate_file(translator, step, path)
+        except UserError as e:  # name standard input as the user knows it
+            if path == _INPUT.value:
+                raise
+            raise UserError(str(e).replace(path, "<stdin>")) from None
+    target = "standard output" if _OUTPUT.value == "-" else _OUTPUT.value
+    say(f"wrote {target}: {translator.stats.summary()}")
+
+
+def translate_file(translator: Translator, step: int, path: str) -> None:
+    """Translates the file at ``path`` to ``--output`` in the chosen format."""
+    translator.source_file = path  # a sentence too long for the model: FILE:LINE
     alone = ", every sentence alone" if _SENTENCES.value else ""
-    print(
-        f"translating {_INPUT.value} with {_WORKDIR.value} step {step}, beam "
-        f"{search.beam_size}{alone}"
-    )
-    documents = ((doc_id, sents) for doc_id, sents, _ in iter_source_documents(_INPUT.value))
+    name = "standard input" if _INPUT.value in ("-", "/dev/stdin") else _INPUT.value
+    say(f"translating {name} with {_WORKDIR.value} step {step}, beam {_BEAM.value}{alone}")
+    fmt = resolved_format(_OUTPUT_FORMAT.value, path)
+    first_lines: collections.deque[int] = collections.deque()
+
+    def documents() -> Iterator[tuple[str, list[str]]]:
+        for doc_id, sentences, first_line in iter_source_documents(path):
+            first_lines.append(first_line)
+            yield doc_id, sentences
+
+    stream: Iterable[tuple[str, list[Any]]]
     if _RANDOM_SEED.value is not None:
-        documents = random_context_stream(translator, list(documents), _RANDOM_SEED.value)
-    with atomic_open(_OUTPUT.value) as out, tqdm(unit="doc") as bar:
-        out.write("doc_id\thyp\n")
-        if _RANDOM_SEED.value is not None:
-            stream = documents
-        elif _SENTENCES.value:
-            stream = single_sentence_stream(translator, documents, _BLOCK.value)
-        else:
-            stream = translator.translate_stream(documents, _BLOCK.value)
+        stream = random_context_stream(translator, list(documents()), _RANDOM_SEED.value)
+    elif _SENTENCES.value:
+        stream = single_sentence_stream(translator, documents(), _BLOCK.value)
+    else:
+        stream = translator.translate_stream(documents(), _BLOCK.value, _NBEST.value > 1)
+    with output_stream(_OUTPUT.value) as out, tqdm(unit="doc", file=sys.stderr) as bar:
+        writer = OutputWriter(out, fmt, _NBEST.value > 1, line_aligned=not readers.is_tsv(path))
         for doc_id, hyps in stream:
-            for hyp in hyps:
-                out.write(f"{doc_id}\t{hyp.replace(chr(9), ' ')}\n")
+            writer.write(doc_id, hyps, first_lines.popleft())
             bar.update(1)
         if bar.n == 0:  # nothing to translate: no output file either
-            raise UserError(f"{_INPUT.value}: no documents (the file is empty or blank)")
-    print(f"wrote {_OUTPUT.value}: {translator.stats.summary()}")
-
-
-if __name__ == "__main__":
-    cli.run(main)
+            raise UserError(f"{path}: {readers.NO_DOCUMENTS}")
+    if writer.empty_lines:
+        say(f"note: {writer.empty_lines} empty translations are blank lines in the text output")
 
 
 def run() -> None:
     """The ``docnmt-translate`` command (``python launch/translate.py``)."""
     cli.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -27,8 +27,10 @@ allowed tokens, reshaped by a temperature and truncated to the ``top_k`` tokens 
 nucleus of probability ``top_p`` (Holtzman et al. 2020); a sample's recorded log-probability
 is the model's own (untempered ``log_softmax``, as a beam's and as teacher forcing score it),
 and the finished samples are ranked by the same length-normalised score. Every sample runs to
-its EOS (no early stop). Draws come from ``PRNGKey(seed)`` folded with the step: the same
-inputs in the same batch draw the same samples.
+its EOS (no early stop). Each example draws from ``PRNGKey(seed)`` folded with a hash of its
+own ``extra`` (its encoded source and context) and with the step: an input draws the same
+samples wherever it sits in a batch, and different inputs draw independently (a batch's
+position never correlates them).
 """
 
 from __future__ import annotations
@@ -197,12 +199,13 @@ def beam_search(
         early_stopping and sampling is None, allow_bos, keep_best_cache, sampling,
     )  # fmt: skip
     state = _initial_state(cache, batch, rules)
+    keys = None if sampling is None else row_keys(extra, batch, sampling.seed)
 
     def cond(s: BeamState) -> Array:
         return (s.step < max_len) & ~jnp.all(_done_per_example(s, limits, rules))
 
     def body(s: BeamState) -> BeamState:
-        return _beam_step(s, step_fn, extra, limits, rules)
+        return _beam_step(s, step_fn, extra, limits, rules, keys)
 
     return _result(jax.lax.while_loop(cond, body, state), rules)
 
@@ -269,7 +272,12 @@ def _done_per_example(s: BeamState, limits: Array, rules: _Rules) -> Array:
 
 
 def _beam_step(
-    s: BeamState, step_fn: StepFn, extra: Extra, limits: Array, rules: _Rules
+    s: BeamState,
+    step_fn: StepFn,
+    extra: Extra,
+    limits: Array,
+    rules: _Rules,
+    keys: Array | None = None,
 ) -> BeamState:
     """One token for every live beam: the best ``2K`` candidates, the best ``K`` non-EOS of
     them live on, EOS candidates ranked within the first ``K`` join the finished pool."""
@@ -282,7 +290,7 @@ def _beam_step(
     logits = logits.reshape(batch, K, -1)
     if rules.sampling is not None:
         top_lp, top_valid, parent, token = _sampled_candidates(
-            logits, s, t + 1 >= limits, banned, rules
+            logits, s, t + 1 >= limits, banned, rules, keys
         )
     else:
         cand_lp, cand_valid, cand_token = _beam_candidates(
@@ -415,8 +423,34 @@ def _beam_candidates(
     return cand_lp.reshape(batch, -1), valid.reshape(batch, -1), tokens.reshape(batch, -1)
 
 
+def row_keys(extra: Extra, batch: int, seed: int) -> Array:
+    """One PRNG key per example ``[B, 2]``: ``PRNGKey(seed)`` folded with a hash of the
+    example's rows of ``extra`` (bits of every leaf ``[B, ...]``, summed with wrap-around),
+    or with its index when ``extra`` holds none."""
+    hashes = jnp.zeros((batch,), jnp.uint32)
+    for i, leaf in enumerate(jax.tree.leaves(extra)):
+        if jnp.ndim(leaf) == 0 or leaf.shape[0] != batch:
+            continue
+        flat = jnp.asarray(leaf).reshape(batch, -1)
+        if jnp.issubdtype(flat.dtype, jnp.floating):
+            bits = jax.lax.bitcast_convert_type(flat.astype(jnp.float32), jnp.uint32)
+        else:
+            bits = flat.astype(jnp.uint32)
+        weights = jnp.arange(1, flat.shape[1] + 1, dtype=jnp.uint32) * jnp.uint32(2654435761)
+        hashes = hashes * jnp.uint32(31 + 2 * i) + jnp.sum(bits * weights, axis=1)
+    if not jax.tree.leaves(extra):
+        hashes = jnp.arange(batch, dtype=jnp.uint32)
+    base = jax.random.PRNGKey(seed)
+    return jax.vmap(lambda h: jax.random.fold_in(base, h))(hashes)
+
+
 def _sampled_candidates(
-    logits: Array, s: BeamState, forced: Array, banned: tuple[int, ...], rules: _Rules
+    logits: Array,
+    s: BeamState,
+    forced: Array,
+    banned: tuple[int, ...],
+    rules: _Rules,
+    row_keys: Array,
 ) -> tuple[Array, Array, Array, Array]:
     """One drawn token per live sample, laid out as a search step's ``2K`` candidates (the
     ``K`` draws in their samples' order, then ``K`` invalid slots): log-probabilities,
@@ -429,8 +463,9 @@ def _sampled_candidates(
     allowed = jnp.ones((V,), bool).at[jnp.asarray(banned)].set(False)
     shaped = jnp.where(allowed, logits / rule.temperature, -jnp.inf)
     shaped = _truncated(shaped, rule.top_k, rule.top_p)
-    key = jax.random.fold_in(jax.random.PRNGKey(rule.seed), s.step)
-    drawn = jax.random.categorical(key, shaped, axis=-1).astype(jnp.int32)  # [B, K]
+    keys = jax.vmap(lambda k: jax.random.fold_in(k, s.step))(row_keys)
+    drawn = jax.vmap(lambda k, x: jax.random.categorical(k, x, axis=-1))(keys, shaped)
+    drawn = drawn.astype(jnp.int32)  # [B, K]
     token = jnp.where(forced[:, None], rules.eos_id, drawn)
     token_lp = jnp.take_along_axis(log_probs, token[..., None], axis=-1)[..., 0]
     pad = jnp.zeros((batch, K), bool)

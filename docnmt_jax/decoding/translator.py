@@ -147,12 +147,13 @@ class Hypothesis:
     """One entry of an n-best list: the detokenised ``text``, ``log_prob`` = ``log p(y | x,
     context)`` (the model's sum over its tokens, EOS included: what teacher-forced scoring
     gives), ``score`` = ``log_prob`` normalised by the length penalty (the search's ranking),
-    ``tokens`` = its length in tokens (EOS included)."""
+    ``tokens`` = its length in tokens (EOS included), ``ids`` = those tokens."""
 
     text: str
     log_prob: float
     score: float
     tokens: int
+    ids: tuple[int, ...] = ()
 
 
 class Translator:
@@ -298,7 +299,8 @@ class Translator:
             if np.isfinite(score):
                 tokens = int(np.sum(ids != PAD_ID))
                 text = self.tokenizer.decode(ids)
-                hyps.append(Hypothesis(text, float(log_prob), float(score), tokens))
+                kept = tuple(int(i) for i in ids[:tokens])
+                hyps.append(Hypothesis(text, float(log_prob), float(score), tokens, kept))
         return hyps
 
     def batches(self, sources: Sequence[Document]) -> Iterator[dict[str, np.ndarray]]:
