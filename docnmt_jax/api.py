@@ -17,9 +17,12 @@ Sentence by sentence (``docnmt-translate --interactive``, the server): a
 once with the context that exists at that moment: the earlier sentences of its document, none
 after it. Models whose context also reads later sentences (FINAL's global layer, HM-GDC's
 document context, Doc2Doc's chunk) see less than in a whole-document translation
-(docs/usage.md measures the cost). A sentence's translation is the one that translating the
-document *so far* whole gives it (the reference the tests check); an earlier sentence's
-translation is never revised.
+(docs/usage.md measures the cost); an earlier sentence's translation is never revised. A
+slot-by-slot model (FINAL) keeps each document's target memory, the decoder states of the
+translation it gave the previous sentence (:mod:`docnmt_jax.decoding.incremental`); any other
+model translates the document so far (the sentences its context can reach) and keeps the last
+sentence's translation. Doc2Doc's target context is thus its own translation of the earlier
+sentences *now*, which may differ from the one given before.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from docnmt_jax.data import builder
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.spec import PipelineConfig
+from docnmt_jax.decoding.incremental import SlotSession
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.decoding.translator import Hypothesis
 from docnmt_jax.decoding.translator import Translator as SearchTranslator
@@ -69,6 +73,8 @@ class DocumentContext:
 
     sources: list[str] = dataclasses.field(default_factory=list)
     translations: list[str] = dataclasses.field(default_factory=list)
+    #: what a slot-by-slot model (FINAL) keeps of the last translation: its target memory
+    memory: Any = None
 
 
 class TranslationModel:
@@ -93,6 +99,7 @@ class TranslationModel:
         self.config = restore.load_config(path)
         self._translators: dict[SearchConfig, SearchTranslator] = {search: self._default}
         self._scorer: Any = None
+        self._sessions: dict[SearchConfig, SlotSession] = {}
 
     @property
     def model(self) -> Any:
@@ -151,6 +158,8 @@ class TranslationModel:
         if not contexts:
             return []
         translator = self.translator(search_config(**search))
+        if self.model.layout.sequential:
+            return self._next_with_memory(translator, contexts, sentences)
         windows = [
             self._context_window(ctx.sources) + [s]
             for ctx, s in zip(contexts, sentences, strict=True)
@@ -160,6 +169,27 @@ class TranslationModel:
         for ctx, sentence, output in zip(contexts, sentences, outputs, strict=True):
             ctx.sources.append(sentence)
             ctx.translations.append(output)
+        return outputs
+
+    def _next_with_memory(
+        self,
+        translator: SearchTranslator,
+        contexts: Sequence[DocumentContext],
+        sentences: Sequence[str],
+    ) -> list[str]:
+        """:meth:`translate_next` of a slot-by-slot model: the kept target memory of each
+        document (:class:`~docnmt_jax.decoding.incremental.SlotSession`)."""
+        if translator.search not in self._sessions:
+            self._sessions[translator.search] = SlotSession(translator)
+        session = self._sessions[translator.search]
+        sources = [ctx.sources + [s] for ctx, s in zip(contexts, sentences, strict=True)]
+        outputs, memories = session.next_sentences(sources, [c.memory for c in contexts])
+        for ctx, sentence, output, memory in zip(
+            contexts, sentences, outputs, memories, strict=True
+        ):
+            ctx.sources.append(sentence)
+            ctx.translations.append(output)
+            ctx.memory = memory
         return outputs
 
     def _context_window(self, sources: list[str]) -> list[str]:

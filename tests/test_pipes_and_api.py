@@ -19,7 +19,7 @@ import docnmt_jax
 from docnmt_jax.data import readers
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID
-from docnmt_jax.decoding.search import SearchConfig
+from docnmt_jax.decoding.search import SearchConfig, memory_from_best
 from docnmt_jax.errors import UserError
 from docnmt_jax.training import restore, trainer
 
@@ -104,16 +104,11 @@ def test_nbest_and_sampling_rows(one_step_run, synthetic_dir):
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
 
 
-def test_interactive_translates_each_line_as_it_arrives_with_past_context(
-    final_run, synthetic_dir
-):
-    """Each line is answered before the next is written (a real pipe), and its translation
-    is the one the whole-document translation of the document so far gives its last
-    sentence (FINAL: past-only context)."""
-    docs = readers.read_tsv(os.path.join(synthetic_dir, "test.tsv"))
-    lines = [list(docs[0].src[:6]), list(docs[1].src[:2])]
+def _interactive(workdir: str, lines: list[list[str]]) -> list[list[str]]:
+    """The answers of ``docnmt-translate --interactive`` in a real pipe, each line read
+    before the next is written (so each answer was flushed on its own)."""
     proc = subprocess.Popen(
-        [os.path.join(BIN, "docnmt-translate"), f"--workdir={final_run}", "--interactive"]
+        [os.path.join(BIN, "docnmt-translate"), f"--workdir={workdir}", "--interactive"]
         + GREEDY,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -138,10 +133,52 @@ def test_interactive_translates_each_line_as_it_arrives_with_past_context(
         assert proc.wait(timeout=600) == 0, proc.stderr.read()[-2000:]
     finally:
         proc.kill()
+    return answers
+
+
+def test_interactive_answers_each_line_as_it_arrives(one_step_run, synthetic_dir):
+    docs = readers.read_tsv(os.path.join(synthetic_dir, "test.tsv"))
+    lines = [list(docs[0].src[:3]), list(docs[1].src[:2])]
+    answers = _interactive(one_step_run, lines)
+    assert answers == _library_translation(one_step_run, lines)  # a sentence model
+
+
+@pytest.mark.slow
+def test_interactive_keeps_the_target_memory(final_run, synthetic_dir):
+    """FINAL (chunks of 4 sentences) line by line: past-only context and each document's
+    kept target memory, two documents crossing a chunk boundary."""
+    docs = readers.read_tsv(os.path.join(synthetic_dir, "test.tsv"))
+    lines = [list(docs[0].src[:6]), list(docs[1].src[:2])]
+    answers = _interactive(final_run, lines)
     for document, got in zip(lines, answers, strict=True):
-        prefixes = [document[: k + 1] for k in range(len(document))]
-        whole = _library_translation(final_run, prefixes)
-        assert got == [translation[-1] for translation in whole]
+        assert got == _naive_next_sentences(final_run, document)
+        # a chunk's first sentence has no memory: the translation of its chunk so far
+        firsts = _library_translation(final_run, [document[:1], document[4:5]])
+        assert [got[0], got[4:5]] == [firsts[0][0], firsts[1][:1]]
+
+
+def _naive_next_sentences(workdir: str, document: list[str]) -> list[str]:
+    """The reference of the interactive translation of a FINAL document: one document, one
+    sentence at a time, in chunks of S from its start; slot k of the chunk so far searched
+    with the memory the previous search left, carried as it is (no batching, no padding)."""
+    search = SearchConfig(beam_size=1, alpha=0.0)
+    translator, _ = restore.load_translator(workdir, "best", search)
+    model, S = translator.model, translator.pipeline_config.sentences_per_chunk
+    out, memory = [], None
+    for n in range(len(document)):
+        chunk = document[n // S * S : n + 1]
+        (batch,) = translator.batches([Document("d", tuple(chunk), ("",) * len(chunk))])
+        slots, empty = model.search_inputs(translator.params, batch, search)
+        k = len(chunk) - 1
+        assert batch["doc_index"][0] == 0  # the document's row comes first
+        slot = jax.tree.map(lambda x, k=k: x[k, :1], slots)
+        first_row = jax.tree.map(lambda x: x[:1], empty)
+        result = model.search_slot(
+            translator.params, first_row if len(chunk) == 1 else memory, slot, search
+        )
+        memory = memory_from_best(result)
+        out.append(translator.tokenizer.decode(np.asarray(result.sequences[0, 0])))
+    return out
 
 
 def test_python_api_on_plain_strings(one_step_run, synthetic_dir):
