@@ -24,8 +24,9 @@ lists every step's error. A state holding NaN or Inf is never saved (:class:`Non
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -270,9 +271,23 @@ def _steps(directory: str) -> list[int]:
     return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
 
 
+@contextlib.contextmanager
+def _orbax_warnings_off() -> Iterator[None]:
+    """absl logging at ERROR while reading a state: Orbax warns on every read of a state saved
+    without its item metadata (``Metadata file does not exist``), which is how ours are saved
+    and harmless; a command's output should not carry it."""
+    level = logging.get_verbosity()
+    logging.set_verbosity(logging.ERROR)
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
 def saved_trees(state_dir: str) -> list[str]:
     """The top-level entries of a saved state (``params``, ``opt_state``, ``ema``, ...)."""
-    metadata = ocp.StandardCheckpointer().metadata(state_dir)
+    with _orbax_warnings_off():
+        metadata = ocp.StandardCheckpointer().metadata(state_dir)
     tree = getattr(metadata, "item_metadata", metadata)
     tree = getattr(tree, "tree", tree)
     return sorted(tree.keys()) if hasattr(tree, "keys") else []
@@ -339,7 +354,8 @@ def init_params_from(
     skips unused ones; shape mismatches are always an error.
     """
     state_dir = resolve_state_dir(path)
-    saved = ocp.StandardCheckpointer().restore(state_dir)
+    with _orbax_warnings_off():
+        saved = ocp.StandardCheckpointer().restore(state_dir)
     if tree != "params" and tree not in saved:
         raise ValueError(f"{state_dir}: the checkpoint holds no {tree!r} parameters")
     saved_params = _flat(saved[tree] if tree in saved else saved)
