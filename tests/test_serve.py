@@ -329,6 +329,7 @@ class FakeModel:
 
     def __init__(self, delay_s: float = 0.0):
         self.calls: list[tuple[str, list]] = []
+        self.memories_seen: list = []
         self.delay_s = delay_s
 
     def translate(self, documents, **search):
@@ -348,6 +349,9 @@ class FakeModel:
         for context, sentence, output in zip(contexts, sentences, outputs, strict=True):
             context.sources.append(sentence)
             context.translations.append(output)
+            # a slot-by-slot model's target memory: what it was given, then what it leaves
+            self.memories_seen.append(context.memory)
+            context.memory = f"memory of {output}"
         return outputs
 
     @staticmethod
@@ -417,6 +421,17 @@ def test_a_failing_request_fails_alone():
     with pytest.raises(batching.RequestError) as error:
         full.wait(1)
     assert error.value.status == 413
+
+
+def test_a_document_keeps_the_target_memory_its_last_sentence_left():
+    model = FakeModel()
+    batcher = _batcher(model)
+    for sentence in ("s1", "s2", "s3"):
+        job = batching.NextSentenceJob("d", sentence)
+        batcher.run_cycle([job])
+        job.wait(1)
+    assert model.memories_seen == [None, "memory of 0:>s1", "memory of 1:s1>s2"]
+    assert batcher.cache.get("d").memory == "memory of 2:s1|s2>s3"
 
 
 def test_the_least_recently_used_document_is_evicted():

@@ -121,7 +121,9 @@ class DocumentCache:
             if context is None:
                 return None, DocumentContext()
             self._contexts.move_to_end(doc_id)
-            return context, DocumentContext(list(context.sources), list(context.translations))
+            copy = DocumentContext(list(context.sources), list(context.translations))
+            copy.memory = context.memory  # never modified in place: replaced by the next one
+            return context, copy
 
     def get(self, doc_id: str) -> DocumentContext | None:
         """A copy of the document's context, ``None`` if unknown (a use: it becomes recent)."""
@@ -134,10 +136,16 @@ class DocumentCache:
             return self._contexts.pop(doc_id, None) is not None
 
     def commit(
-        self, doc_id: str, expected: DocumentContext | None, sentence: str, translation: str
+        self,
+        doc_id: str,
+        expected: DocumentContext | None,
+        sentence: str,
+        translation: str,
+        memory: Any = None,
     ) -> None:
         """Appends a translated sentence to the document if it is still ``expected`` (``None``:
-        it did not exist, and is created), else leaves the cache as it is."""
+        it did not exist, and is created), with the target ``memory`` it left (a slot-by-slot
+        model's, :class:`~docnmt_jax.api.DocumentContext`), else leaves the cache as it is."""
         with self._lock:
             if self._contexts.get(doc_id) is not expected:
                 return
@@ -149,6 +157,7 @@ class DocumentCache:
             self._contexts.move_to_end(doc_id)
             expected.sources.append(sentence)
             expected.translations.append(translation)
+            expected.memory = memory
 
 
 def failure(error: Exception) -> RequestError:
@@ -320,6 +329,6 @@ class Batcher:
             else:
                 ready[0][0].fail(failure(e))
             return
-        for (job, cached, _), index, output in zip(ready, indices, outputs, strict=True):
-            self.cache.commit(job.doc_id, cached, job.sentence, output)
+        for (job, cached, context), index, output in zip(ready, indices, outputs, strict=True):
+            self.cache.commit(job.doc_id, cached, job.sentence, output, context.memory)
             job.finish({"translation": output, "index": index})
