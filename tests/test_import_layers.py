@@ -12,8 +12,8 @@ A name without the package prefix (`` `data` ``) means the package's module of t
 Every module belongs to the layer of the longest listed name that is the module itself or a
 package holding it (so `` `docnmt_jax.decoding.search` `` may sit below
 `` `docnmt_jax.decoding` ``). Every module must belong to a layer (but the package's own
-``__init__``, which must import nothing of the package), and every listed name must be a
-module or subpackage.
+``__init__``, which must import nothing of the package but lazily, inside its ``__getattr__``),
+and every listed name must be a module or subpackage.
 
 Imports are read from the source with :mod:`ast`: every ``import`` and ``from ... import``
 statement of a module, at module level, inside functions and under ``TYPE_CHECKING`` alike.
@@ -95,6 +95,21 @@ def import_graph(modules: Mapping[str, Path], package: str) -> Graph:
                     edges.setdefault(target, node.lineno)
         graph[module] = edges
     return graph
+
+
+def lazy_imports(path: Path, package: str) -> set[str]:
+    """The modules of ``package`` that the package's ``__init__`` imports only inside its
+    module-level ``__getattr__`` (loaded on first use of an attribute, never on import:
+    ``docnmt_jax.load``)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.ImportFrom) and inner.module:
+                    names.add(inner.module)
+                elif isinstance(inner, ast.Import):
+                    names.update(alias.name for alias in inner.names)
+    return {n for n in names if n.startswith(package + ".")}
 
 
 def read_layers(design: Path, package: str) -> list[tuple[str, ...]]:
@@ -208,8 +223,10 @@ def problems(
     ]
     for module in sorted(modules):
         if module == package:
-            if graph[module]:
-                out.append(f"{module} (the package's __init__) imports {sorted(graph[module])}")
+            lazy = lazy_imports(modules[module], package)
+            eager = sorted(set(graph[module]) - lazy)
+            if eager:
+                out.append(f"{module} (the package's __init__) imports {eager}")
             continue
         mine = layer_of(module, index)
         if mine is None:

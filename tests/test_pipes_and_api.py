@@ -84,6 +84,7 @@ def test_plain_text_pipe_keeps_lines_and_tsv_pipe_keeps_tsv(one_step_run, synthe
     assert [b.split("\n") for b in blocks] == expected
 
 
+@pytest.mark.slow
 def test_nbest_and_sampling_rows(one_step_run, synthetic_dir):
     docs = readers.read_tsv(os.path.join(synthetic_dir, "test.tsv"))[:1]
     tsv = "".join(f"{d.doc_id}\t{s}\n" for d in docs for s in d.src[:2])
@@ -194,6 +195,13 @@ def test_python_api_on_plain_strings(one_step_run, synthetic_dir):
         model.translate(sentences, beem=2)
     with pytest.raises(UserError, match="list of documents"):
         model.translate("one string")
+
+
+@pytest.mark.slow
+def test_python_api_scores_and_nbest(one_step_run, synthetic_dir):
+    docs = readers.read_tsv(os.path.join(synthetic_dir, "test.tsv"))[:2]
+    sentences = [list(d.src[:3]) for d in docs]
+    model = docnmt_jax.load(one_step_run)
     # teacher-forced scores against a naive loop over the incremental decoder
     sources = [s for doc in sentences for s in doc]
     targets = [d.tgt[k] for d in docs for k in range(3)]
@@ -202,6 +210,11 @@ def test_python_api_on_plain_strings(one_step_run, synthetic_dir):
         [x for doc in scores for x in doc], sources, targets, strict=True
     ):
         assert got_score == pytest.approx(_naive_log_prob(model, source, target), abs=2e-3)
+    nbest = model.translate(sentences, beam=2, nbest=2)
+    best = model.translate(sentences, beam=2)
+    for doc_lists, doc_best in zip(nbest, best, strict=True):
+        for hyps, text in zip(doc_lists, doc_best, strict=True):
+            assert hyps[0].text == text and hyps[0].score >= hyps[-1].score
 
 
 def _naive_log_prob(model, source: str, target: str) -> float:

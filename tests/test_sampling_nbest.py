@@ -199,6 +199,7 @@ def test_nbest_scores_equal_teacher_forced_scores(key):
     assert checked >= 2 * len(nbest)
 
 
+@pytest.mark.slow
 def test_sampling_translates_with_every_search_model_and_doc2doc_refuses_nbest():
     doc = _documents()[0]
     for key in ("doc2doc", "final"):
