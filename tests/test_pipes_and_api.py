@@ -77,11 +77,6 @@ def test_plain_text_pipe_keeps_lines_and_tsv_pipe_keeps_tsv(one_step_run, synthe
     assert rows[0] == "doc_id\thyp"
     assert [r.split("\t")[0] for r in rows[1:]] == [d.doc_id for d in docs for _ in d.src[:3]]
     assert [r.split("\t", 1)[1] for r in rows[1:]] == [h for doc in expected for h in doc]
-    as_text = _translate_cmd(
-        f"--workdir={one_step_run}", *GREEDY, "--output_format=text", stdin=tsv
-    )
-    blocks = as_text.stdout.rstrip("\n").split("\n\n")
-    assert [b.split("\n") for b in blocks] == expected
 
 
 @pytest.mark.slow
@@ -101,6 +96,14 @@ def test_nbest_and_sampling_rows(one_step_run, synthetic_dir):
         for _ in range(2)
     ]
     assert sampled[0] == sampled[1] and len(sampled[0].splitlines()) == 3
+    docs = readers.read_tsv(os.path.join(synthetic_dir, "test.tsv"))[:3]
+    tsv = "".join(f"{d.doc_id}\t{s}\n" for d in docs for s in d.src[:3])
+    as_text = _translate_cmd(
+        f"--workdir={one_step_run}", *GREEDY, "--output_format=text", stdin=tsv
+    )
+    blocks = as_text.stdout.rstrip("\n").split("\n\n")
+    expected = _library_translation(one_step_run, [list(d.src[:3]) for d in docs])
+    assert [b.split("\n") for b in blocks] == expected
     refused = _translate_cmd(f"--workdir={one_step_run}", "--beam=2", "--nbest=3", stdin=tsv)
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
 
