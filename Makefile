@@ -83,7 +83,7 @@ test-jax-next: $(VENV_NEXT)/.installed
 	$(VENV_NEXT)/bin/python -m pytest -q -ra -p no:cacheprovider -m "not slow or accelerator" \
 	  $(TEST_FLAGS) $(NEXT_TESTS)
 
-$(VENV_NEXT)/.installed: requirements-jax-next.txt pyproject.toml
+$(VENV_NEXT)/.installed: requirements-jax-next.txt pyproject.toml setup.py
 	@test -n "$(PYTHON_NEXT)" || { echo "test-jax-next: error: no Python 3.12 found (set PYTHON_NEXT=/path/to/python3.12)" >&2; exit 2; }
 	test -x $(VENV_NEXT)/bin/python || $(PYTHON_NEXT) -m venv $(VENV_NEXT)
 	$(VENV_NEXT)/bin/python -m pip install -q --upgrade pip
