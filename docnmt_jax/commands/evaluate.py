@@ -51,6 +51,17 @@ higher than every other. ``--data``: voita -- the JSON (or JSON Lines) file; con
 :mod:`docnmt_jax.data.contrastive_sets`. A malformed or missing file exits with status 2 and
 one line ``evaluate.py: error: FILE:LINE: reason``.
 
+**Context labels** of the synthetic tasks (:mod:`docnmt_jax.data.synthetic`,
+:mod:`docnmt_jax.data.synthetic_long`)::
+
+    python launch/evaluate.py --hyp runs/NAME/test.hyp.tsv --ref data/synthetic_long/test.tsv \\
+        --labels data/synthetic_long/test.labels.jsonl [--label_chunk_size 20] [--json]
+
+adds the accuracy on the labelled target words (a label is right when the hypothesis has its
+correct word at its token index): overall, per phenomenon, per phenomenon and distance,
+``elided_verb`` at chunk starts vs elsewhere and ``register`` per chunk of distances
+(:func:`docnmt_jax.data.synthetic_long.long_context_accuracy`).
+
 ``--pronouns`` adds a "pronouns" section: precision, recall and F1 of clipped per-sentence
 pronoun matches against the reference, overall and per pronoun (case-insensitive whatever
 ``--lowercase`` says; not APT, see :mod:`docnmt_jax.evaluation.pronouns`). The pronouns are
@@ -66,10 +77,10 @@ import os
 from absl import app, flags, logging
 
 from docnmt_jax import cli
-from docnmt_jax.data import contrastive_sets, readers
+from docnmt_jax.data import context_labels, contrastive_sets, readers, synthetic_long
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.errors import UserError
-from docnmt_jax.evaluation import analysis, context_marginal, contrastive, significance
+from docnmt_jax.evaluation import analysis, context_marginal, contrastive, metrics, significance
 from docnmt_jax.evaluation.metrics import evaluate_files, format_report, score_documents
 from docnmt_jax.evaluation.pronouns import PRONOUNS, pronoun_scores, read_pronoun_list
 from docnmt_jax.files import write_atomic
@@ -132,6 +143,29 @@ flags.DEFINE_string(
     "bawden en,fr).",
 )
 flags.DEFINE_integer("contrastive_rows", 32, "With --contrastive: candidates per batch.")
+flags.DEFINE_string(
+    "labels",
+    None,
+    "With --hyp: a synthetic task's .labels.jsonl: accuracy on the labelled words, per "
+    "phenomenon and distance.",
+)
+flags.DEFINE_integer(
+    "label_chunk_size", 20, "With --labels: chunk size of the chunk-start split.", lower_bound=2
+)
+
+
+def score_labels() -> dict:
+    """``--labels``: the accuracy of ``--hyp`` (aligned with ``--ref``) on the labels."""
+    labels = context_labels.read_labels(FLAGS.labels)
+    pairs = metrics.align_documents(
+        metrics.read_hypotheses(FLAGS.hyp), metrics.read_references(FLAGS.ref)
+    )
+    hypotheses = {ref.doc_id: list(hyp.sentences) for hyp, ref in pairs}
+    if labels and not any(lb.doc_id in hypotheses for lb in labels):
+        raise UserError(
+            f"{FLAGS.labels}: none of its documents (e.g. {labels[0].doc_id!r}) is in {FLAGS.ref}"
+        )
+    return synthetic_long.long_context_accuracy(hypotheses, labels, FLAGS.label_chunk_size)
 
 
 def context_report(usage: context_marginal.ContextUsage, step: int) -> str:
@@ -291,8 +325,12 @@ def main(argv: list[str]) -> None:
                 FLAGS.paired_samples,
                 FLAGS.lowercase,
             )
+        if FLAGS.labels:
+            result["context_labels"] = score_labels()
     elif FLAGS.baseline:
         raise app.UsageError("--baseline needs --hyp (the system to compare with it)")
+    elif FLAGS.labels:
+        raise app.UsageError("--labels needs --hyp (the translation to score)")
     if FLAGS.workdir:
         context = measure_context(pronouns)
     if FLAGS.json:
@@ -305,6 +343,8 @@ def main(argv: list[str]) -> None:
         print(format_report(result))
         if "paired" in result:
             print(significance.format_paired(result["paired"], FLAGS.hyp, FLAGS.baseline))
+        if "context_labels" in result:
+            print(synthetic_long.format_label_accuracy(result["context_labels"]))
     if context is not None:
         print(context["report"])
 

@@ -6,11 +6,15 @@ Usage (from the repository root)::
 
     python launch/prepare_data.py --corpus synthetic --out data/synthetic [--seed 0]
 
+    python launch/prepare_data.py --corpus synthetic_long --out data/synthetic_long [--seed 0]
+
 ``bible``: the Spanish→English Bible corpus (Reina-Valera 1909 → text derived from
 the WEB), one document per chapter; see :mod:`docnmt_jax.data.bible`. Needs the
 SWORD modules from ``apt-get install -y sword-text-sparv sword-text-web``.
 ``synthetic``: the synthetic context task (:mod:`docnmt_jax.data.synthetic`), with its
 context-dependence labels (``{split}.labels.jsonl``) beside the TSVs.
+``synthetic_long``: the long-document task (:mod:`docnmt_jax.data.synthetic_long`; 30-200
+sentences per document, dependencies across the 20-sentence chunk boundary), same files.
 
 New corpora are added to :data:`CORPORA` (name → function(out_dir) returning stats).
 """
@@ -25,7 +29,7 @@ from collections.abc import Callable
 from absl import app, flags, logging
 
 from docnmt_jax import cli
-from docnmt_jax.data import bible, synthetic
+from docnmt_jax.data import bible, synthetic, synthetic_long
 
 FLAGS = flags.FLAGS
 
@@ -55,10 +59,32 @@ def _prepare_synthetic(out_dir: str) -> str:
     return "\n".join(lines)
 
 
+def _prepare_synthetic_long(out_dir: str) -> str:
+    """Writes the long-document synthetic task with default settings; returns its statistics."""
+    config = synthetic_long.LongSyntheticConfig(
+        num_documents=FLAGS.synthetic_long_train_documents, seed=FLAGS.seed
+    )
+    splits = {
+        "train": config.num_documents,
+        "dev": FLAGS.synthetic_long_dev_documents,
+        "test": FLAGS.synthetic_long_test_documents,
+    }
+    synthetic_long.write_corpus(out_dir, config, splits)
+    with open(os.path.join(out_dir, "config.json"), encoding="utf-8") as f:
+        info = json.load(f)["splits"]
+    lines = [f"long-document synthetic context task (seed {FLAGS.seed}) in {out_dir}"]
+    for name, values in info.items():
+        shown = {k: v for k, v in values.items() if not isinstance(v, dict)}
+        shown.update(values["labels_by_phenomenon"])
+        lines.append(f"  {name:5s}: " + "  ".join(f"{k}={v}" for k, v in sorted(shown.items())))
+    return "\n".join(lines)
+
+
 #: corpus name -> function(out_dir) that writes the corpus and returns a stats summary.
 CORPORA: dict[str, Callable[[str], str]] = {
     "bible": _prepare_bible,
     "synthetic": _prepare_synthetic,
+    "synthetic_long": _prepare_synthetic_long,
 }
 
 flags.DEFINE_enum("corpus", "bible", list(CORPORA), "Which corpus to prepare.")
@@ -73,6 +99,15 @@ flags.DEFINE_integer("seed", 0, "Random seed (synthetic corpus).")
 flags.DEFINE_integer("synthetic_train_documents", 2000, "Training documents (synthetic corpus).")
 flags.DEFINE_integer("synthetic_dev_documents", 500, "Dev documents (synthetic corpus).")
 flags.DEFINE_integer("synthetic_test_documents", 1000, "Test documents (synthetic corpus).")
+flags.DEFINE_integer(
+    "synthetic_long_train_documents", 1300, "Training documents (synthetic_long).", lower_bound=0
+)
+flags.DEFINE_integer(
+    "synthetic_long_dev_documents", 100, "Dev documents (synthetic_long).", lower_bound=0
+)
+flags.DEFINE_integer(
+    "synthetic_long_test_documents", 300, "Test documents (synthetic_long).", lower_bound=0
+)
 flags.mark_flag_as_required("out")
 
 

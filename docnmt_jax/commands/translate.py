@@ -4,6 +4,7 @@
         [--beam 5 --alpha 0.6 --batch_tokens 4096 --checkpoint best|latest|STEP]
         [--nbest N] [--sample --temperature T --top_k K --top_p P --seed S]
         [--output_format auto|tsv|text] [--interactive] [--mesh DATA,FSDP,MODEL] [--sentences]
+        [--document_unit chapter|book]
 
 Input (``-``, standard input, by default): TSV ``doc_id<TAB>src[<TAB>tgt]`` (header
 optional) or plain text with a blank line between documents, detected from the first
@@ -25,6 +26,12 @@ the document's earlier sentences as context until a blank line (past-only contex
 Zheng et al. 2020, Table 2; ``--block_documents`` then counts one-sentence documents); the
 output keeps the input's doc ids and order. ``docnmt-analyze single-sentence`` scores it
 against the document translation.
+
+``--document_unit=book`` translates the consecutive chapters of a book (TSV doc ids
+``BOOK.CHAPTER``, e.g. ``Ps.23``) as one document (:mod:`docnmt_jax.data.document_units`); the
+output keeps every chapter's doc id, so ``docnmt-evaluate`` scores it by chapter. Default: the
+run's ``config.data.document_unit`` (chapter when it has none; a plain-text input's documents
+stay as they are).
 
 ``--random_context_seed N`` translates a document model's input with draw ``N`` of random
 contexts (Jean & Cho 2019: every sentence sees only other documents' sentences, as
@@ -54,15 +61,15 @@ from docnmt_jax.commands.translate_io import (
     output_stream,
     resolved_format,
 )
-from docnmt_jax.data import readers
-from docnmt_jax.data.documents import Document
+from docnmt_jax.data import document_units, readers
+from docnmt_jax.data.documents import Document, Origin
 from docnmt_jax.data.readers import iter_source_documents
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.decoding.translator import Translator
 from docnmt_jax.errors import RunNotFoundError, UserError
 from docnmt_jax.evaluation.analysis import single_sentence_stream
 from docnmt_jax.evaluation.context_marginal import translate_with_random_context
-from docnmt_jax.training.restore import load_translator
+from docnmt_jax.training.restore import load_config, load_translator
 
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Training run directory (config.json, spm.model) or an exported release."
@@ -135,6 +142,13 @@ _SENTENCES = flags.DEFINE_bool(
     False,
     "Translate every sentence as its own one-sentence document (no context; Table 2).",
 )
+_DOCUMENT_UNIT = flags.DEFINE_enum(
+    "document_unit",
+    "",
+    ["", *document_units.UNITS],
+    "book: translate a book's consecutive chapters (TSV doc ids BOOK.CHAPTER) as one document, "
+    "the output keeping the chapter doc ids; empty: the run's config.data.document_unit.",
+)
 _MESH = flags.DEFINE_string(
     "mesh",
     "",
@@ -203,10 +217,12 @@ def check_flags(argv: list[str]) -> None:
         raise app.UsageError("--sentences translates without context: no --random_context_seed")
     if _NBEST.value > 1 and alone:
         raise app.UsageError("--nbest goes with a plain translation: no --sentences or random")
-    if _INTERACTIVE.value and (alone or _NBEST.value > 1 or _INPUT.value != "-"):
+    if _INTERACTIVE.value and (
+        alone or _NBEST.value > 1 or _INPUT.value != "-" or _DOCUMENT_UNIT.value == "book"
+    ):
         raise app.UsageError(
             "--interactive reads standard input and writes one translation per line: no "
-            "--input, --nbest, --sentences or --random_context_seed"
+            "--input, --nbest, --sentences, --random_context_seed or --document_unit=book"
         )
     if _NBEST.value > 1 and _OUTPUT_FORMAT.value == "text":
         raise app.UsageError("--nbest writes its own TSV (with scores): no --output_format=text")
@@ -251,27 +267,49 @@ def main(argv: list[str]) -> None:
     say(f"wrote {target}: {translator.stats.summary()}")
 
 
+def document_unit(path: str) -> str:
+    """The unit ``path``'s documents are translated in: ``--document_unit``, else the run's
+    ``config.data.document_unit`` (a plain-text input: its own documents), else chapter."""
+    if _DOCUMENT_UNIT.value == "book" and not readers.is_tsv(path):
+        raise UserError(
+            f"{path}: --document_unit=book needs a TSV input (doc ids BOOK.CHAPTER); plain text "
+            "has no books"
+        )
+    if _DOCUMENT_UNIT.value:
+        return _DOCUMENT_UNIT.value
+    unit = load_config(_WORKDIR.value).data.get("document_unit", "chapter")
+    return unit if readers.is_tsv(path) else "document"
+
+
 def translate_file(translator: Translator, step: int, path: str) -> None:
     """Translates the file at ``path`` to ``--output`` in the chosen format."""
     translator.source_file = path  # a sentence too long for the model: FILE:LINE
+    unit = document_unit(path)
     alone = ", every sentence alone" if _SENTENCES.value else ""
+    books = ", a book as one document" if unit == "book" else ""
     name = "standard input" if _INPUT.value in ("-", "/dev/stdin") else _INPUT.value
-    say(f"translating {name} with {_WORKDIR.value} step {step}, beam {_BEAM.value}{alone}")
+    say(f"translating {name} with {_WORKDIR.value} step {step}, beam {_BEAM.value}{alone}{books}")
     fmt = resolved_format(_OUTPUT_FORMAT.value, path)
     first_lines: collections.deque[int] = collections.deque()
 
-    def documents() -> Iterator[tuple[str, list[str]]]:
+    def files_documents() -> Iterator[Document]:
         for doc_id, sentences, first_line in iter_source_documents(path):
             first_lines.append(first_line)
-            yield doc_id, sentences
+            origin = Origin(path, first_line, path, first_line)
+            yield Document(doc_id, tuple(sentences), ("",) * len(sentences), origin)
+
+    def translated(documents: Iterator[tuple[str, list[str]]]) -> Iterable[tuple[str, list[Any]]]:
+        if _RANDOM_SEED.value is not None:
+            return random_context_stream(translator, list(documents), _RANDOM_SEED.value)
+        if _SENTENCES.value:
+            return single_sentence_stream(translator, documents, _BLOCK.value)
+        return translator.translate_stream(documents, _BLOCK.value, _NBEST.value > 1)
 
     stream: Iterable[tuple[str, list[Any]]]
-    if _RANDOM_SEED.value is not None:
-        stream = random_context_stream(translator, list(documents()), _RANDOM_SEED.value)
-    elif _SENTENCES.value:
-        stream = single_sentence_stream(translator, documents(), _BLOCK.value)
+    if unit == "book":  # books translated, written back as their chapters
+        stream = document_units.translated_by_book(files_documents(), translated)
     else:
-        stream = translator.translate_stream(documents(), _BLOCK.value, _NBEST.value > 1)
+        stream = translated((d.doc_id, list(d.src)) for d in files_documents())
     with output_stream(_OUTPUT.value) as out, tqdm(unit="doc", file=sys.stderr) as bar:
         writer = OutputWriter(out, fmt, _NBEST.value > 1, line_aligned=not readers.is_tsv(path))
         for doc_id, hyps in stream:

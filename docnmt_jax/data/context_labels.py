@@ -1,7 +1,8 @@
 """Labels of context-dependent target tokens (:class:`ContextLabel`), their ``.labels.jsonl``
 files, and the scoring of translations on them (:func:`context_accuracy`, :func:`chance_level`,
-the context-blind baseline :func:`context_blind_hypotheses`). The synthetic task
-(:mod:`docnmt_jax.data.synthetic`) produces these labels."""
+the context-blind baseline :func:`context_blind_hypotheses`). The synthetic tasks
+(:mod:`docnmt_jax.data.synthetic`, :mod:`docnmt_jax.data.synthetic_long`) produce these
+labels."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 from docnmt_jax.data.documents import CorpusFormatError, Document
 from docnmt_jax.files import atomic_open
 
-PHENOMENA = ("pronoun", "topic")
+PHENOMENA = ("pronoun", "topic", "register", "elided_verb")
 
 
 @dataclasses.dataclass(frozen=True)

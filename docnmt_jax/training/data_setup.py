@@ -20,7 +20,7 @@ import ml_collections
 from absl import logging
 from jax.experimental import multihost_utils
 
-from docnmt_jax.data import builder, corpus_mix, readers
+from docnmt_jax.data import builder, corpus_mix, document_units, readers
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.spec import PipelineConfig, check_on_long
@@ -36,7 +36,8 @@ def load_documents(
     """Documents of ``split`` ('train' | 'dev' | 'test') named by the data config. Training
     documents come from ``data.mix`` when set and are split into one-sentence documents with
     ``data.train_as = "sentences"`` (``seed`` orders them) or into all the resolutions of
-    ``"multi_resolution"`` (:mod:`docnmt_jax.data.corpus_mix`)."""
+    ``"multi_resolution"`` (:mod:`docnmt_jax.data.corpus_mix`); every corpus is read in
+    ``data.document_unit`` (:func:`read_corpus_as_unit`)."""
     train_as = corpus_mix.check_train_as(data_cfg.get("train_as", "documents"))
     if split == "train" and data_cfg.get("mix", ""):
         if data_cfg.get("train", ""):
@@ -44,9 +45,8 @@ def load_documents(
                 "config.data.mix and config.data.train are both set: the mix is the training "
                 "corpus (add data.train to it as an entry)"
             )
-        fmt = data_cfg.get("format", "auto")
         entries = corpus_mix.parse_mix(data_cfg.mix)
-        docs = corpus_mix.mix_documents(entries, lambda p: readers.read_corpus(p, fmt), seed)
+        docs = corpus_mix.mix_documents(entries, lambda p: read_corpus_as_unit(data_cfg, p), seed)
     else:
         docs = read_split(data_cfg, split)
     if split == "train" and train_as == "sentences":
@@ -57,8 +57,8 @@ def load_documents(
 
 
 def read_split(data_cfg: ml_collections.ConfigDict, split: str) -> list[Document]:
-    """The documents of ``split`` as the files hold them: ``data.train``/``data.dev``, or the
-    prepared corpus in ``data.data_dir``."""
+    """The documents of ``split`` in ``data.document_unit``: ``data.train``/``data.dev``, or
+    the prepared corpus in ``data.data_dir``."""
     own = {"train": data_cfg.get("train", ""), "dev": data_cfg.get("dev", "")}
     if own["train"] or own["dev"]:
         if split not in own or not own[split]:
@@ -66,7 +66,7 @@ def read_split(data_cfg: ml_collections.ConfigDict, split: str) -> list[Document
                 f"config.data.{split} is empty: with your own corpus set both "
                 "config.data.train and config.data.dev"
             )
-        return readers.read_corpus(own[split], data_cfg.get("format", "auto"))
+        return read_corpus_as_unit(data_cfg, own[split])
     path = os.path.join(data_cfg.data_dir, f"{split}.tsv")
     if not os.path.exists(path):
         raise RunNotFoundError(
@@ -74,7 +74,24 @@ def read_split(data_cfg: ml_collections.ConfigDict, split: str) -> list[Document
             f"--corpus {data_cfg.corpus} --out {data_cfg.data_dir}`, or set config.data.train "
             "and config.data.dev to your own files"
         )
-    return readers.read_tsv(path)
+    return read_corpus_as_unit(data_cfg, path, "tsv")
+
+
+def read_corpus_as_unit(
+    data_cfg: ml_collections.ConfigDict, path: str, fmt: str = ""
+) -> list[Document]:
+    """The corpus at ``path`` (format ``fmt``, else ``data.format``) in
+    ``data.document_unit`` (:mod:`docnmt_jax.data.document_units`; books need a TSV's
+    ``BOOK.CHAPTER`` doc ids, not a plain-text file's generated ones)."""
+    key = "config.data.document_unit"
+    unit = document_units.check_unit(data_cfg.get("document_unit", "chapter"), key)
+    fmt = fmt or data_cfg.get("format", "auto")
+    if unit == "book" and (readers.detect_format(path) if fmt == "auto" else fmt) != "tsv":
+        raise ConfigError(
+            f"{key}=book needs a TSV corpus (doc ids BOOK.CHAPTER); {path} is plain text, "
+            "whose doc ids are FILE:N"
+        )
+    return document_units.documents_by_unit(readers.read_corpus(path, fmt), unit)
 
 
 #: How the run log names each packed layout.
