@@ -1,6 +1,7 @@
 """FINAL (Zheng et al. 2020): all of Table 3's switches on, at their TED size, on the Bible.
 
-Train: ``python launch/train.py --config configs/final.py --workdir runs/final``. Documents are
+Train: ``python launch/train.py --config configs/final.py --workdir runs/final`` (recurrent,
+context across chunks: ``--config final.py:recurrent``). Documents are
 cut into chunks of up to 20 sentences; the encoder sees the whole chunk, the decoder translates
 sentence by sentence with the previous target sentence as Transformer-XL memory. Training also
 sees every document cut into 2, 4, 8, ... parts and single sentences (``data.train_as``).
@@ -12,7 +13,10 @@ from docnmt_jax.config_files import paper_variant, sibling_config
 
 
 @paper_variant
-def get_config() -> ml_collections.ConfigDict:
+def get_config(variant: str = "") -> ml_collections.ConfigDict:
+    """FINAL; ``final.py:recurrent``: context across chunks (``model.recurrent``)."""
+    if variant not in ("", "recurrent"):
+        raise ValueError(f"configs/final.py: unknown variant {variant!r} (known: recurrent, paper)")
     config = sibling_config(__file__, "transformer.py")
     config.model.name = "final"  # docnmt_jax/models/final.py
     config.model.reset_word_positions = True  # word positions restart in every sentence
@@ -30,11 +34,17 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.packed_block = 64  # packed training: block width of the banded attention
     config.model.packed_drift = 16  # packed training: most a sentence's src/tgt offsets differ
     config.model.max_sentence_len = 128  # packed training: >= data.max_src_len, max_tgt_len
+    # Context across the chunk boundary (docnmt_jax/models/final_recurrence.py): the target
+    # memory and a summary of the previous chunk carried from chunk to chunk, trained on
+    # document streams. Off: the paper's chunked FINAL (docs/papers/final.md, "Recurrence").
+    config.model.recurrent = variant == "recurrent"
     # Train on every document also cut into 2, 4, 8, ... parts and single sentences (Sun et al.
     # 2022): batches of many documents. Chosen on dev by the recipe study (docs/recipe_study.md:
     # dev s-BLEU 7.18 against 6.01 on whole 20-sentence chunks at the same tokens, ~2x the
     # training speed on CPU); the paper variant (final.py:paper) trains on the documents.
     config.data.train_as = "multi_resolution"
+    if config.model.recurrent:  # streams read whole documents, chunk after chunk
+        config.data.train_as = "documents"
     # Pretrain-then-finetune (Zheng et al. 2020, Table 4) with the keys of transformer.py:
     # init_from=<a run of configs/transformer.py or final.py> and init_from_rules=source (the
     # encoder side only, "+ source TL") or all ("+ source & target TL"); FinalModel declares

@@ -45,6 +45,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.dev = ""  # own dev corpus, same formats (required when data.train is set)
     config.data.format = "auto"  # reader format: auto | tsv | text | maruf
     config.data.document_unit = "chapter"  # chapter: as in the files; book: Ps.1, Ps.2.. -> Ps
+    config.data.stream_rows = 0  # document streams (recurrent FINAL): rows; 0: from the budget
     config.data.tokenizer = ""  # existing sentencepiece model; empty: train WORKDIR/spm.model
     config.data.vocab_size = 8000  # joint sentencepiece vocabulary (trained on train only)
     config.data.max_sentences = 20  # sentences per chunk (document models; sentence models: 1)

@@ -12,7 +12,9 @@ whole documents, packing, sequential search) are replaced by the spec's:
 * ``packing``: the spec's packed rows when ``packed`` (training; None: the ``[B, S, T]`` grid),
   the shortest row ``row_tokens`` slots when that is > 0;
 * ``sequential_sentences``: when ``decoding`` a model that searches a chunk's sentences one
-  after another, so its token budget counts one sentence per chunk.
+  after another, so its token budget counts one sentence per chunk;
+* ``streams``: the spec's document streams (training and dev loss;
+  :class:`~docnmt_jax.data.stream_plan.StreamPlan`).
 
 Training data (``decoding`` False) is checked against the spec's limits
 (:meth:`~docnmt_jax.data.spec.DataLimits.violation`, :class:`DataLimitError`).
@@ -28,6 +30,7 @@ from docnmt_jax.data.documents import Document
 from docnmt_jax.data.grouped_plan import GroupedPackedPlan
 from docnmt_jax.data.packed_plan import PackedPlan
 from docnmt_jax.data.spec import DataLimitError, DataSpec, PipelineConfig
+from docnmt_jax.data.stream_plan import StreamPlan
 from docnmt_jax.data.tokenized import Encode, TokenizedCorpus, tokenize_corpus
 
 PipelineInput = Sequence[Document] | TokenizedCorpus | BatchPlan | PackedPlan
@@ -54,6 +57,7 @@ def pipeline_config(
         whole_documents=spec.whole_documents,
         packing=packing,
         sequential_sentences=decoding and spec.sequential,
+        streams=spec.streams and not decoding,
     )
     problem = None if decoding else spec.limits.violation(config)
     if problem is not None:
@@ -101,6 +105,8 @@ def plan_batches(
             raise ValueError("encode is required when raw documents are given")
         config = config or PipelineConfig()
         corpus = tokenize_corpus(data, encode, config)
+    if config.streams:
+        return StreamPlan(corpus, config)
     if config.packing is None:
         return BatchPlan(corpus, config)
     if config.packing.unit == "grouped":

@@ -111,6 +111,11 @@ class PipelineConfig:
     whole_documents: bool = False
     # A sentence longer than max_src_len/max_tgt_len: error | skip | truncate (tokenized.py).
     on_long: str = "truncate"
+    # Document streams: each row continues its document from step to step, one chunk a step
+    # (stream_plan.py; a model that carries state across chunks); rows: ``stream_rows`` (0:
+    # from the token budget).
+    streams: bool = False
+    stream_rows: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -222,8 +227,8 @@ class Bound:
 class DataLimits:
     """Bounds a model puts on its training data, each checked against the pipeline settings by
     :meth:`violation`: the slots of a packed chunk on either side (``max_sentences x
-    max_src_len/max_tgt_len``), the tokens of a sentence in packed rows, and the sentences of a
-    chunk (any layout)."""
+    max_src_len/max_tgt_len``), the tokens of a sentence in packed rows or document streams,
+    and the sentences of a chunk (any layout)."""
 
     packed_chunk_tokens: Bound | None = None
     packed_sentence_tokens: Bound | None = None
@@ -242,11 +247,12 @@ class DataLimits:
                     f"raise {chunk.key} or lower the data limits"
                 )
         sentence = self.packed_sentence_tokens
-        if config.packing is not None and sentence is not None and longest > sentence.value:
+        bounded = config.packing is not None or config.streams  # windows; carried memory
+        if bounded and sentence is not None and longest > sentence.value:
             return (
                 f"config.data.max_src_len/max_tgt_len ({longest}) > "
                 f"config.model.{sentence.key} ({sentence.value}): raise {sentence.key} "
-                "(wider attention windows) or lower the data limits"
+                "(wider attention windows, a longer carried memory) or lower the data limits"
             )
         count = self.chunk_sentences
         if count is not None and config.sentences_per_chunk > count.value:
@@ -261,14 +267,15 @@ class DataLimits:
 class DataSpec:
     """A model's data needs, declared once (module docstring): ``rows`` (:data:`ROWS`),
     ``context`` (:data:`CONTEXTS`), ``context_sentences`` (``K > 0`` exactly for a window),
-    ``packing`` (the packed rows it trains on, None: the ``[B, S, T]`` grid only) and
-    ``limits``."""
+    ``packing`` (the packed rows it trains on, None: the ``[B, S, T]`` grid only),
+    ``limits`` and ``streams`` (trained on document streams, a state carried across chunks)."""
 
     rows: str = "sentences"
     context: str = "none"
     context_sentences: int = 0
     packing: PackingConfig | None = None
     limits: DataLimits = DataLimits()
+    streams: bool = False  # trained on document streams (stream_plan.py): carries state
 
     def __post_init__(self) -> None:
         if self.rows not in ROWS:

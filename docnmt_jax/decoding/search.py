@@ -291,6 +291,49 @@ def _loop_slots(model: Any, search: SearchConfig, jit: Callable[..., Any]) -> Tr
     return translate
 
 
+def stream_translate(model: Any, search: SearchConfig, jit: Callable[..., Any]) -> TranslateFn:
+    """Translation of consecutive document-stream batches
+    (:class:`~docnmt_jax.data.stream_plan.StreamPlan`: each row continues its document, one
+    chunk a call) by a model that carries state across chunks (recurrent FINAL,
+    :mod:`docnmt_jax.models.final_recurrence`): ``(params, batch) -> (ids [B, S, L], aux)``
+    as :func:`_loop_slots`, every chunk read with what the row's previous chunk left (the
+    summaries of its encoding, the chosen translation's decoder states of its last sentence);
+    rows with ``chunk_index == 0`` read none. That state stays on the device in the returned
+    function between calls (empty whenever the number of rows changes): a document of ``n``
+    sentences costs ``n / S`` calls of fixed shapes, time linear in ``n``, memory independent
+    of it. The carried target memory keeps the length of the search that made it: slot 0's
+    search is compiled for it, the others for the current one."""
+    prepare = jit(functools.partial(model.carried_search_inputs, search=search))
+
+    def slot_fn(params: PyTree, memory: PyTree, slots: PyTree, k: Array) -> Any:
+        slot = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, k, 0, False), slots)
+        return _slot_step(model, params, memory, slot, search)
+
+    search_slot = jit(slot_fn, donate_argnums=1)
+
+    def stacked(outputs: list[Any], src_mask: Array) -> tuple[Array, dict[str, Array]]:
+        ids, aux = jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
+        return _slot_outputs(ids, aux, src_mask)
+
+    finish = jit(stacked, out=True)
+    held: dict[str, PyTree] = {}
+
+    def translate(params: PyTree, batch: dict[str, Any]) -> tuple[Array, dict[str, Array]]:
+        rows = batch["src"].shape[0]
+        carry = held.get("carry")
+        if carry is None or carry["source"].shape[0] != rows:
+            carry = model.initial_decode_carry(rows)
+        slots, memory, (summaries, summary_mask) = prepare(params, batch, carry)
+        outputs = []
+        for k in range(batch["src"].shape[1]):
+            memory, output = search_slot(params, memory, slots, np.int32(k))
+            outputs.append(output)
+        held["carry"] = {"source": summaries, "source_mask": summary_mask, "target": memory}
+        return finish(outputs, batch["src_mask"])
+
+    return translate
+
+
 def compile_translate(
     model: Any, search: SearchConfig, mesh: parallel.Layout | None = None
 ) -> TranslateFn:
@@ -311,7 +354,9 @@ def compile_translate(
             kwargs["out_shardings"] = mesh.replicated
         return jax.jit(body, **kwargs)
 
-    if model.layout.sequential:
+    if getattr(model, "carries_state", False):  # context across chunks: document streams
+        translate = stream_translate(model, search, jit)
+    elif model.layout.sequential:
         translate = _loop_slots(model, search, jit)
     else:
         translate = jit(functools.partial(model.translate, search=search), out=True)

@@ -49,6 +49,7 @@ from docnmt_jax import parallel
 from docnmt_jax.data import builder, readers
 from docnmt_jax.data import pipeline as pipeline_lib
 from docnmt_jax.data.documents import Document
+from docnmt_jax.data.stream_plan import StreamPlan, stream_rows
 from docnmt_jax.data.tokenized import LongSentencesError, TokenizedCorpus
 from docnmt_jax.data.tokenizer import PAD_ID, Tokenizer
 from docnmt_jax.data.translation_plan import TranslationPlan
@@ -308,6 +309,13 @@ class Translator:
         chunks (at most four shapes, chunks grouped by length; one compiled search per
         shape)."""
         corpus = self._tokenize(sources)
+        if getattr(self.model, "carries_state", False):  # one chunk of every stream a batch
+            rows = stream_rows(corpus, corpus.config)
+            config = dataclasses.replace(corpus.config, streams=True)
+            config = dataclasses.replace(config, stream_rows=max(1, min(rows, len(sources))))
+            corpus = dataclasses.replace(corpus, config=config)
+            yield from pipeline_lib.numpy_batches(StreamPlan(corpus, config))
+            return
         yield from pipeline_lib.numpy_batches(TranslationPlan(corpus, corpus.config))
 
     def _tokenize(self, sources: Sequence[Document]) -> TokenizedCorpus:

@@ -70,6 +70,7 @@ from docnmt_jax.decoding.search import (
     sentence_limits,
     sentence_outputs,
 )
+from docnmt_jax.models import final_recurrence as recurrence
 from docnmt_jax.models import layers
 from docnmt_jax.models.base import BaseModel, BatchLayout, ModelError, register, require_grid
 from docnmt_jax.models.final_layers import (
@@ -141,7 +142,9 @@ class Final(FinalSearchSteps):
             x = x + jnp.asarray(self.segment_table[:S], cfg.dtype)[:, None, :]
         return self.input_dropout(x, deterministic=cfg.deterministic)
 
-    def _encode(self, src: Array, src_mask: Array) -> tuple[Array, Array | None]:
+    def _encode(
+        self, src: Array, src_mask: Array, memory: tuple[Array, Array] | None = None
+    ) -> tuple[Array, Array | None]:
         cfg = self.config
         B, S, T = src.shape
         x = self._embed_source(src, src_mask)
@@ -154,16 +157,23 @@ class Final(FinalSearchSteps):
         h = x.reshape(B, S, T, cfg.d_model)
         weights = None
         if cfg.segment_relative_attention:
-            h_global, weights = self.global_layer(h, src_mask)
+            h_global, weights = self.global_layer(h, src_mask, memory=memory)
             num_sentences = jnp.sum(jnp.any(src_mask > 0, axis=-1), axis=-1)
-            h = jnp.where((num_sentences > 1)[:, None, None, None], h_global, h)
+            several = num_sentences > 1  # or a single sentence with a memory to read
+            if memory is not None:
+                several = several | jnp.any(memory[1] > 0, axis=-1)
+            h = jnp.where(several[:, None, None, None], h_global, h)
         if cfg.pre_ln:
             h = self.encoder_norm(h)
         return h, weights
 
-    def encode(self, src: Array, src_mask: Array) -> Array:
-        """``src [B, S, T]`` ids and mask -> fused source encodings ``h [B, S, T, D]``."""
-        return self._encode(src, src_mask)[0]
+    def encode(
+        self, src: Array, src_mask: Array, memory: tuple[Array, Array] | None = None
+    ) -> Array:
+        """``src [B, S, T]`` ids and mask -> fused source encodings ``h [B, S, T, D]``; with
+        ``memory`` the global layer also reads the previous chunk's summaries
+        (:mod:`.final_recurrence`)."""
+        return self._encode(src, src_mask, memory)[0]
 
     def encode_packed(self, src: Array, segments: Segments) -> Array:
         """Packed source rows ``src [B, L]`` (:data:`Segments`) -> ``h [B, L, D]``: what
@@ -267,26 +277,43 @@ class Final(FinalSearchSteps):
         logits ``[B, S, T, V]``. The memory of sentence ``k`` in layer ``l`` is
         ``SG(s^{l-1}_{k-1})``, the previous sentence's layer input (none for ``k = 0``); the
         cross-attention reads :meth:`cross_memory`."""
+        return self.decode_with_states(encoded, src_mask, tgt_in, tgt_mask)[0]
+
+    def decode_with_states(
+        self,
+        encoded: Array,
+        src_mask: Array,
+        tgt_in: Array,
+        tgt_mask: Array,
+        first_memory: tuple[list[Array], Array] | None = None,
+    ) -> tuple[Array, list[Array]]:
+        """:meth:`decode`, and every layer's inputs ``[B, S, T, D]``; ``first_memory``: the
+        memory of sentence 0 (per layer ``[B, T, D]``, mask ``[B, T]``), else none."""
         cfg = self.config
         B, S, T = tgt_in.shape
 
-        def shift(x: Array) -> Array:  # sentence k gets row k-1 of ``x [B, S, ...]``
-            return jnp.pad(x[:, :-1], [(0, 0), (1, 0)] + [(0, 0)] * (x.ndim - 2))
+        def shift(x: Array, first: Array | None) -> Array:  # sentence k gets row k-1 of x
+            if first is None:
+                return jnp.pad(x[:, :-1], [(0, 0), (1, 0)] + [(0, 0)] * (x.ndim - 2))
+            return jnp.concatenate([first[:, None].astype(x.dtype), x[:, :-1]], axis=1)
 
-        memory_mask = shift(tgt_mask).reshape(B * S, T)
+        first_states, first_mask = first_memory or (None, None)
+        memory_mask = shift(tgt_mask, first_mask).reshape(B * S, T)
 
-        def memory_fn(_: int, states: Array) -> tuple[Array, Array]:
-            memory = shift(jax.lax.stop_gradient(states).reshape(B, S, T, cfg.d_model))
+        def memory_fn(i: int, states: Array) -> tuple[Array, Array]:
+            first = None if first_states is None else first_states[i]
+            memory = shift(jax.lax.stop_gradient(states).reshape(B, S, T, cfg.d_model), first)
             return memory.reshape(B * S, T, cfg.d_model), memory_mask
 
-        y, _ = self._decode_rows(
+        y, inputs = self._decode_rows(
             *self.cross_memory(encoded, src_mask),
             tgt_in.reshape(B * S, T),
             tgt_mask.reshape(B * S, T),
             memory_fn,
             cfg.num_decoder_layers,
         )
-        return self._output(y).reshape(B, S, T, -1)
+        inputs = [x.reshape(B, S, T, cfg.d_model) for x in inputs]
+        return self._output(y).reshape(B, S, T, -1), inputs
 
     def decode_packed(self, encoded: Array, tgt_in: Array, segments: Segments) -> Array:
         """Teacher-forced over packed rows: ``tgt_in [B, L]`` (shifted right within each
@@ -387,8 +414,19 @@ class FinalModel(BaseModel):
         sentence's source and target offsets within ``packed_drift`` (the bound the
         cross-attention windows rely on). Packed rows are banded for sentences of at most
         ``max_sentence_len`` tokens and chunks of at most ``max_segments`` sentences: longer
-        ones would lose keys silently."""
+        ones would lose keys silently. Recurrent: document streams on the grid, sentences of
+        at most ``max_sentence_len`` tokens (the carried target memory's length)."""
         cfg = self.config
+        if cfg.recurrent:
+            return DataSpec(
+                rows=self.layout.value,
+                context="chunk",
+                streams=True,
+                limits=DataLimits(
+                    packed_sentence_tokens=Bound(cfg.max_sentence_len, "max_sentence_len"),
+                    chunk_sentences=Bound(cfg.max_segments, "max_segments"),
+                ),
+            )
         return DataSpec(
             rows=self.layout.value,
             context="chunk",
@@ -398,6 +436,29 @@ class FinalModel(BaseModel):
                 chunk_sentences=Bound(cfg.max_segments, "max_segments"),
             ),
         )
+
+    @property
+    def carries_state(self) -> bool:
+        """Whether the model reads context across chunks (:mod:`.final_recurrence`)."""
+        return self.config.recurrent
+
+    def initial_carry(self, rows: int) -> recurrence.Carry:
+        """The state before the first chunk of ``rows`` documents."""
+        return recurrence.initial_carry(self.config, rows)
+
+    def loss_with_carry(
+        self, params: Any, batch: dict[str, Array], carry: Any, rng: Array | None, train: bool
+    ) -> tuple[Array, Any, recurrence.Carry]:
+        """:meth:`loss` of stream chunks with the state their predecessors left, and theirs."""
+        return recurrence.carried_loss(self, params, batch, carry, rng, train)
+
+    def carried_search_inputs(self, params: Any, batch: dict[str, Array], carry: Any, search: Any):
+        """:meth:`search_inputs` of stream chunks with the decoding ``carry``."""
+        return recurrence.carried_search_inputs(self, params, batch, carry, search)
+
+    def initial_decode_carry(self, rows: int) -> recurrence.Carry:
+        """The decoding state before the first chunk of ``rows`` documents."""
+        return recurrence.empty_decode_carry(self.config, rows)
 
     #: The source side: embeddings, segment table, local layers, global layer (and pre-LN's
     #: final encoder norm).

@@ -66,6 +66,7 @@ import numpy as np
 
 from docnmt_jax import flops
 from docnmt_jax.data.tokenizer import BOS_ID
+from docnmt_jax.models import final_recurrence as recurrence
 from docnmt_jax.models import layers, transformer
 from docnmt_jax.models.transformer import TransformerConfig
 from docnmt_jax.models.xl import (
@@ -97,6 +98,9 @@ class FinalConfig(TransformerConfig):
     (its padding masked; a named variant). Without ``doc2sent`` the decoder reads ``h_k``
     (Sec. 4.2).
 
+    ``recurrent``: context crosses the chunk boundary (:mod:`.final_recurrence`; trained on
+    document streams, on the grid).
+
     Packed rows (training): ``packed_block`` is the block width ``W`` of banded attention,
     ``packed_drift`` the most the source and target offsets of a sentence may differ in a row
     (the data's placement rule), ``max_sentence_len`` ``M`` the longest sentence with EOS on
@@ -115,6 +119,7 @@ class FinalConfig(TransformerConfig):
     packed_block: int = 64  # Bible, TED size, CPU: 64 beat 16/32/128/256 (docs/log)
     packed_drift: int = 16
     max_sentence_len: int = 128
+    recurrent: bool = False  # context across chunks: final_recurrence.py
 
     def __post_init__(self) -> None:
         if self.doc2sent_cross_attention not in DOC2SENT_CROSS_ATTENTION:
@@ -134,6 +139,13 @@ class FinalConfig(TransformerConfig):
             raise ValueError(f"packed_drift must be >= 0: {self.packed_drift}")
         if self.max_sentence_len < 1:
             raise ValueError(f"max_sentence_len must be >= 1: {self.max_sentence_len}")
+        if self.recurrent and not (
+            self.xl_decoder and self.segment_relative_attention and not self.cross_attends_chunk
+        ):
+            raise ValueError(
+                "recurrent needs xl_decoder and segment_relative_attention (the memories it "
+                "carries) and not doc2sent_cross_attention='chunk'"
+            )
 
     @property
     def cross_attends_chunk(self) -> bool:
@@ -167,25 +179,34 @@ class SegmentRelativeAttention(nn.Module):
 
     @nn.compact
     def __call__(
-        self, x: Array, mask: Array, num_sentences: int, sentence_index: Array | None = None
+        self,
+        x: Array,
+        mask: Array,
+        num_sentences: int,
+        sentence_index: Array | None = None,
+        memory: tuple[Array, Array] | None = None,
     ) -> tuple[Array, Array]:
         """``x [B, S*T, D]``, token ``mask [B, S*T]`` -> (output ``[B, S*T, D]``, weights
         ``[B, H, S*T, S*T]`` before dropout). Packed rows (``sentence_index [B, L]``, the slot
         of each token's sentence in its chunk): ``x [B, L, D]``, ``mask`` the boolean
         attention mask ``[B, 1, L, L]`` (same chunk) and ``num_sentences`` the most sentences
-        a chunk may have; output ``[B, L, D]``, weights ``[B, H, L, L]``."""
+        a chunk may have; output ``[B, L, D]``, weights ``[B, H, L, L]``. ``memory`` (grid
+        only): the previous chunk's sentence summaries ``[B, M, D]`` and mask ``[B, M]``, extra
+        keys at the distances of :mod:`.final_recurrence`."""
         cfg = self.config
         batch, length, _ = x.shape
         S = num_sentences
         H, dh = cfg.num_heads, cfg.d_model // cfg.num_heads
         R = cfg.max_relative_distance
-        q = layers.heads_projection(H, cfg.d_model, cfg.dtype, name="query")(x)
-        k = layers.heads_projection(H, cfg.d_model, cfg.dtype, name="key")(x)
-        v = layers.heads_projection(H, cfg.d_model, cfg.dtype, name="value")(x)
+        projections = [
+            layers.heads_projection(H, cfg.d_model, cfg.dtype, name=name)
+            for name in ("query", "key", "value")
+        ]
+        q, k, v = (project(x) for project in projections)
         gamma_k = self.param("relative_key", _relpos_init(), (2 * R + 1, H, dh))
         gamma_v = self.param("relative_value", _relpos_init(), (2 * R + 1, H, dh))
         # Only distances |k - kappa| <= S - 1 occur in a chunk: slice those rows of gamma.
-        used = min(R, S - 1)
+        used = min(R, S - 1) if memory is None else R
         gamma_k, gamma_v = gamma_k[R - used : R + used + 1], gamma_v[R - used : R + used + 1]
         content = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
         q_gamma = jnp.einsum("bqhd,rhd->bhqr", q, gamma_k.astype(q.dtype)).astype(jnp.float32)
@@ -197,7 +218,11 @@ class SegmentRelativeAttention(nn.Module):
             seg = jnp.einsum("bhstr,scr->bhstc", q_gamma.reshape(batch, H, S, T, -1), onehot)
             logits = content.reshape(batch, H, S, T, S, T) + seg[..., None]
             logits = logits.reshape(batch, H, length, length) / np.sqrt(dh)
-            weights = layers.masked_softmax(logits, mask[:, None, None, :] > 0)
+            key_mask = mask[:, None, None, :] > 0
+            if memory is not None:  # extra keys: the previous chunk's summaries
+                mem = recurrence.MemoryKeys.project(memory, projections[1:], S, used)
+                logits, key_mask = mem.extend(logits, key_mask, q, q_gamma, np.sqrt(dh))
+            weights = layers.masked_softmax(logits, key_mask)
         else:
             # to_distance[b, q, c, r]: the key sentence c is at clipped distance r from the
             # query's sentence; key_sentence[b, k, c]: key token k belongs to sentence c.
@@ -209,8 +234,10 @@ class SegmentRelativeAttention(nn.Module):
             seg = jnp.einsum("bhqc,bkc->bhqk", per_sentence, key_sentence)
             weights = layers.masked_softmax((content + seg) / np.sqrt(dh), mask)
         dropped = nn.Dropout(cfg.attention_dropout_rate)(weights, deterministic=cfg.deterministic)
-
-        out = jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(cfg.dtype), v)
+        memory_out = 0.0
+        if memory is not None:  # the memory's share; the chunk's keys as without it
+            weights, dropped, memory_out = mem.split(weights, dropped, gamma_v.astype(cfg.dtype))
+        out = memory_out + jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(cfg.dtype), v)
         if sentence_index is None:
             mass = dropped.reshape(batch, H, S, T, S, T).sum(-1)  # [B, H, S, T, S]
             mass = jnp.einsum("bhstc,scr->bhstr", mass, onehot)  # attention mass per distance
@@ -234,11 +261,16 @@ class GlobalContextLayer(nn.Module):
 
     @nn.compact
     def __call__(
-        self, h_local: Array, src_mask: Array, sentence_index: Array | None = None
+        self,
+        h_local: Array,
+        src_mask: Array,
+        sentence_index: Array | None = None,
+        memory: tuple[Array, Array] | None = None,
     ) -> tuple[Array, Array]:
         """``h^L [B, S, T, D]`` -> (``h [B, S, T, D]``, attention weights ``[B,H,S*T,S*T]``).
         Packed rows (``sentence_index [B, L]`` given): ``h^L [B, L, D]`` and ``src_mask`` the
-        boolean attention mask ``[B, 1, L, L]`` of the chunks -> ``h [B, L, D]``."""
+        boolean attention mask ``[B, 1, L, L]`` of the chunks -> ``h [B, L, D]``. ``memory``
+        (grid): the previous chunk's summaries and mask (:mod:`.final_recurrence`)."""
         cfg = self.config
         if sentence_index is None:
             B, S, T, D = h_local.shape
@@ -247,9 +279,12 @@ class GlobalContextLayer(nn.Module):
         else:
             B, L, D = h_local.shape
             x, mask, S = h_local, src_mask, cfg.max_segments
-        z = layers.layer_norm(cfg.dtype, name="input_norm")(x) if cfg.pre_ln else x
+        norm = layers.layer_norm(cfg.dtype, name="input_norm") if cfg.pre_ln else lambda y: y
+        z = norm(x)
+        if memory is not None:
+            memory = (norm(memory[0]), memory[1])
         h_global, weights = SegmentRelativeAttention(cfg, name="segment_attention")(
-            z, mask, S, sentence_index
+            z, mask, S, sentence_index, memory
         )
         h_global = nn.Dropout(cfg.dropout_rate)(h_global, deterministic=cfg.deterministic)
         self.sow("intermediates", "h_local", x)
@@ -419,7 +454,7 @@ def transformer_rules(cfg: FinalConfig) -> list[tuple[str, str]]:
     return rules
 
 
-class FinalSearchSteps(nn.Module):
+class FinalSearchSteps(recurrence.RecurrentSteps):
     """What the search calls on :class:`~.final.Final`, one target sentence slot at a time
     (the memory of slot ``k`` is the states of the translation chosen for ``k-1``, Sec. 4.2);
     :class:`~.final.Final` provides ``decoder_layers``, ``uses_memory``, ``_decode_rows``,

@@ -44,9 +44,19 @@ class Objective:
     #: documents' context); the trainer then builds the grid instead of the model's packed rows.
     needs_grid: ClassVar[bool] = False
 
+    #: Whether the objective can train a model that carries state across chunks (its loss is
+    #: the model's own, :meth:`loss_with_carry`).
+    carries_state: ClassVar[bool] = False
+
     def __init__(self, model: Model, options: Any = None):
         self.model = model
         self.options = options if options is not None else self.options_class()
+        if getattr(model, "carries_state", False) and not self.carries_state:
+            raise ObjectiveError(
+                f"config.objective.name: objective {self.name!r} cannot train model "
+                f"{getattr(model, 'name', model)!r}, which carries state across chunks "
+                "(recurrent); use maximum_likelihood"
+            )
         self.check(model)
 
     def check(self, model: Model) -> None:
@@ -56,6 +66,20 @@ class Objective:
         self, params: PyTree, batch: dict[str, Array], rng: Array | None, train: bool
     ) -> tuple[Array, Metrics]:
         return self.model.loss(params, batch, rng, train)
+
+    def loss_with_carry(
+        self,
+        params: PyTree,
+        batch: dict[str, Array],
+        carry: PyTree,
+        rng: Array | None,
+        train: bool,
+    ) -> tuple[Array, Metrics, PyTree]:
+        """:meth:`loss` of a model trained on document streams, reading the ``carry`` the
+        previous chunks left and returning the one this batch leaves; only an objective that
+        is the model's own loss can (``carries_state`` objectives), the others raise
+        :class:`ObjectiveError` when built for such a model."""
+        return self.model.loss_with_carry(params, batch, carry, rng, train)
 
 
 _OBJECTIVES: dict[str, type[Objective]] = {}

@@ -124,6 +124,7 @@ def data_settings(
         pad_batch=not train,
         batch_multiple=math.lcm(batch_multiple, data_cfg.get("batch_multiple", 1)),
         on_long=check_on_long(data_cfg.get("on_long", "error")),
+        stream_rows=int(data_cfg.get("stream_rows", 0)),
     )
 
 

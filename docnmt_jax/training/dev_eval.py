@@ -47,12 +47,17 @@ def add_metrics(total: dict[str, Metric], new: dict[str, Metric]) -> dict[str, M
 
 
 def evaluate_metrics(
-    eval_step: Callable, params: PyTree, batches: Iterator[dict]
+    eval_step: Callable, params: PyTree, batches: Iterator[dict], carry: PyTree = None
 ) -> dict[str, float]:
-    """The objective's metrics summed over every dev batch, as ``dev_<name>``."""
+    """The objective's metrics summed over every dev batch, as ``dev_<name>``; with a
+    ``carry`` (document streams) each batch reads the state the previous one left."""
     totals: dict[str, Metric] = {}
     for batch in batches:
-        totals = add_metrics(totals, eval_step(params, batch))
+        if carry is None:
+            metrics = eval_step(params, batch)
+        else:
+            metrics, carry = eval_step(params, batch, carry)
+        totals = add_metrics(totals, metrics)
     if not totals:
         raise ConfigError("config.data: the dev set produced no batch (is it empty?)")
     return {f"dev_{name}": value for name, value in reduce_metrics(totals).items()}
@@ -152,7 +157,8 @@ def dev_bleu_hook(config: ml_collections.ConfigDict) -> DevHookFactory | None:
 
 class DevEvaluator:
     """A run's dev evaluation: ``eval_step``'s metrics summed over the dev ``plan`` (batches
-    laid out on ``layout``), then each of ``hooks``; of the EMA when the state keeps one."""
+    laid out on ``layout``; document streams from ``initial_carry(rows)`` on), then each of
+    ``hooks``; of the EMA when the state keeps one."""
 
     def __init__(
         self,
@@ -160,8 +166,10 @@ class DevEvaluator:
         plan: pipeline_lib.BatchPlan,
         layout: parallel.Layout,
         hooks: tuple[EvalHook, ...],
+        initial_carry: Callable[[int], PyTree] | None = None,
     ):
         self.eval_step, self.plan, self.layout, self.hooks = eval_step, plan, layout, hooks
+        self.initial_carry = initial_carry
 
     def __call__(self, state: PyTree, step: int) -> dict[str, float]:
         params = state.get("ema", state["params"])  # the EMA when the run keeps one
@@ -170,7 +178,14 @@ class DevEvaluator:
             self.eval_step,
             params,
             (parallel.global_batch(b, self.layout.batch) for b in batches),
+            self._empty_carry(),
         )
         for hook in self.hooks:
             metrics.update(hook(params, step))
         return metrics
+
+    def _empty_carry(self) -> PyTree:
+        """The state before the dev streams (None unless the plan is document streams)."""
+        if self.initial_carry is None or not self.plan.config.streams:
+            return None
+        return self.initial_carry(self.plan.stream_rows)

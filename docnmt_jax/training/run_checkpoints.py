@@ -217,7 +217,9 @@ def restore_or_init(
             )
         )
         return state
-    state = train_state.init_state(model, tx, shardings, config.train.seed)
+    state = train_state.init_state(
+        model, tx, shardings, config.train.seed, carry=abstract.get("carry")
+    )
     if not config.get("init_from", ""):
         return state
     # Parameters only, mapped by init_from_rules. A resumed run never gets here: its own latest

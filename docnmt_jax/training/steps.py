@@ -60,16 +60,25 @@ def _where(flag: jax.Array, new: PyTree, old: PyTree) -> PyTree:
 
 def _gradient(
     objective: Objective, state: PyTree, batch: PyTree, rng: jax.Array
-) -> tuple[PyTree, dict[str, Metric], jax.Array]:
-    """The objective's gradient on ``batch``, its metrics, and whether loss and gradient are
-    finite."""
+) -> tuple[PyTree, dict[str, Metric], jax.Array, PyTree]:
+    """The objective's gradient on ``batch``, its metrics, whether loss and gradient are
+    finite, and the state carried to the next step (``state["carry"]`` read and renewed by a
+    model trained on document streams; None without one). A non-finite step leaves the empty
+    state, so nothing non-finite is carried on."""
+    carry = state.get("carry")
 
-    def loss_fn(params: PyTree) -> tuple[jax.Array, dict[str, Metric]]:
-        return objective.loss(params, batch, rng, True)
+    def loss_fn(params: PyTree) -> tuple[jax.Array, tuple[dict[str, Metric], PyTree]]:
+        if carry is None:
+            loss, metrics = objective.loss(params, batch, rng, True)
+            return loss, (metrics, None)
+        loss, metrics, new_carry = objective.loss_with_carry(params, batch, carry, rng, True)
+        return loss, (metrics, new_carry)
 
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    (loss, (metrics, new_carry)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
     finite = jnp.isfinite(loss) & jnp.isfinite(global_norm(grads))
-    return grads, metrics, finite
+    if new_carry is not None:
+        new_carry = jax.tree.map(lambda x: jnp.where(finite, x, jnp.zeros_like(x)), new_carry)
+    return grads, metrics, finite, new_carry
 
 
 def _apply_update(
@@ -111,10 +120,12 @@ def make_train_step(
 
     def plain_step(state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Metric]]:
         rng = jax.random.fold_in(base_key, state["step"])
-        grads, metrics, finite = gradient(state, batch, rng)
+        grads, metrics, finite, carry = gradient(state, batch, rng)
         new, grad_norm = apply(state, grads, finite)
         one = jnp.ones(())
         new["step"] = state["step"] + 1
+        if carry is not None:
+            new["carry"] = carry
         return new, dict(
             metrics,
             lr=Metric(schedule(state["step"]), one),
@@ -125,7 +136,9 @@ def make_train_step(
     def accumulating_step(state: PyTree, batch: PyTree) -> tuple[PyTree, dict[str, Metric]]:
         accum = state["accum"]
         rng = jax.random.fold_in(jax.random.fold_in(base_key, state["step"]), accum["micro"])
-        grads, metrics, finite = gradient(state, batch, rng)
+        grads, metrics, finite, carry = gradient(state, batch, rng)
+        if carry is not None:  # every micro-batch is the next chunk of the streams
+            state = dict(state, carry=carry)
         weight = jnp.where(finite, metrics["loss"].weight.astype(jnp.float32), 0.0)
         summed = jax.tree.map(
             lambda a, g: a + jnp.where(finite, g.astype(jnp.float32) * weight, 0.0),
@@ -182,9 +195,14 @@ def make_steps(
         with active():
             return step_fn(state, batch)
 
-    def eval_step(params: PyTree, batch: PyTree) -> dict[str, Metric]:
+    def eval_step(params: PyTree, batch: PyTree, carry: PyTree = None) -> Any:
+        """The metrics of ``batch``; with a ``carry`` (document streams) also the carry the
+        batch leaves: ``(metrics, carry)``."""
         with active():
-            return objective.loss(params, batch, None, False)[1]
+            if carry is None:
+                return objective.loss(params, batch, None, False)[1]
+            _, metrics, new_carry = objective.loss_with_carry(params, batch, carry, None, False)
+            return metrics, new_carry
 
     if layout is None:
         return jax.jit(train_step, donate_argnums=(0,)), jax.jit(eval_step)
@@ -196,7 +214,23 @@ def make_steps(
             out_shardings=(shardings, rep),
             donate_argnums=(0,),
         ),
-        jax.jit(eval_step, in_shardings=(shardings["params"], layout.batch), out_shardings=rep),
+        _jit_eval(eval_step, shardings, layout),
+    )
+
+
+def _jit_eval(eval_step: Any, shardings: PyTree, layout: parallel.Layout) -> Any:
+    """``eval_step`` jitted for the mesh: parameters as in the state, the batch's rows (and a
+    carried state's) split like a batch, metrics replicated."""
+    rep = layout.replicated
+    if "carry" not in shardings:
+        return jax.jit(
+            eval_step, in_shardings=(shardings["params"], layout.batch), out_shardings=rep
+        )
+    carry = shardings["carry"]
+    return jax.jit(
+        eval_step,
+        in_shardings=(shardings["params"], layout.batch, carry),
+        out_shardings=(rep, carry),
     )
 
 

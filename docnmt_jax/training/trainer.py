@@ -192,7 +192,7 @@ def train_and_evaluate(
 
     # The state: restored from the newest checkpoint, or initialised (init_from).
     shardings, abstract, tx, schedule = train_state.build_optimizer_state(
-        model, config, layout, runlog.note
+        model, config, layout, runlog.note, carry_rows=getattr(train_plan, "stream_rows", 0)
     )
     num_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(abstract["params"]))
     saved = RunCheckpoints(workdir, config)
@@ -215,7 +215,8 @@ def train_and_evaluate(
             *eval_hooks,
             dev_hook(DevContext(model, tokenizer, dev_docs, layout, workdir)),
         )
-    evaluate = DevEvaluator(eval_step, dev_plan, layout, eval_hooks)
+    initial_carry = model.initial_carry if "carry" in shardings else None
+    evaluate = DevEvaluator(eval_step, dev_plan, layout, eval_hooks, initial_carry)
     dataset = loader_lib.train_batches(train_plan, start_step=progress.position, loader=loader)
 
     # The loop: step, log, evaluate, checkpoint, stop.
