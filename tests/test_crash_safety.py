@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from conftest import ROOT, tiny_config
+from conftest import ROOT, tiny_config, tiny_final_config
 
 from docnmt_jax.data import pipeline
 from docnmt_jax.training import checkpoints, trainer
@@ -406,8 +406,14 @@ def shared_tokenizer(synthetic_dir, tmp_path_factory):
     return path
 
 
-def _config(synthetic_dir, tokenizer, **train):
-    config = tiny_config(synthetic_dir, log_every=1, **train)
+def _config(synthetic_dir, tokenizer, final=False, **train):
+    if final:  # recurrent FINAL on document streams of 4 rows
+        config = tiny_final_config(synthetic_dir, log_every=1, **train)
+        config.model.recurrent = True
+        config.data.train_as = "documents"
+        config.data.stream_rows = 4
+    else:
+        config = tiny_config(synthetic_dir, log_every=1, **train)
     config.data.tokenizer = tokenizer
     # The subprocess gets the config as JSON: the reference run uses that same round trip.
     return ml_collections.ConfigDict(json.loads(config.to_json()))
@@ -456,10 +462,20 @@ def test_sigint_saves_the_current_step_and_stops(
 
 
 @pytest.mark.slow
-def test_sigkill_anywhere_resumes_the_uninterrupted_run(synthetic_dir, shared_tokenizer, tmp_path):
+@pytest.mark.parametrize("model", ["transformer", "recurrent_final"])
+def test_sigkill_anywhere_resumes_the_uninterrupted_run(
+    synthetic_dir, shared_tokenizer, tmp_path, model
+):
+    """``recurrent_final``: FINAL trained on document streams, whose train state also holds the
+    state each row's last chunk left; the resumed runs must continue the streams with it."""
     num_steps = 24
     config = _config(
-        synthetic_dir, shared_tokenizer, num_steps=num_steps, checkpoint_every=4, keep_checkpoints=3
+        synthetic_dir,
+        shared_tokenizer,
+        final=model == "recurrent_final",
+        num_steps=num_steps,
+        checkpoint_every=4,
+        keep_checkpoints=3,
     )
     reference = trainer.train_and_evaluate(
         config, str(tmp_path / "reference"), record_losses=True

@@ -3,9 +3,10 @@
 Each piece against an independent reference: the global layer's attention over the carried
 summaries against a float64 loop over Eq. (1); the summaries against a loop; the carried target
 memory against the same sentences decoded as one long chunk (the in-chunk memory rule); the
-document streams against their definition; training resumes with the carried state exactly;
-greedy stream translation against the training path's teacher-forced argmax, chunk by chunk
-with the carried state; a document's translation does not depend on what shares its batch.
+document streams against their definition. ``slow`` (a tiny run trained for 6 steps):
+training resumes with the carried state exactly; greedy stream translation against the
+training path's teacher-forced argmax, chunk by chunk with the carried state; a document's
+translation does not depend on what shares its batch.
 """
 
 import flax.linen as nn
@@ -205,6 +206,7 @@ def recurrent_run(synthetic_dir, tmp_path_factory):
     return config, workdir, result
 
 
+@pytest.mark.slow
 def test_training_resumes_exactly_with_the_carried_state(recurrent_run, tmp_path):
     """3 steps, a checkpoint, 3 more from it: the 6 losses of the straight run. Rows of step 4
     continue their documents, so a resume without the carried state would differ."""
@@ -232,6 +234,7 @@ def _translator(workdir, batch_tokens=256):
     return restore.load_translator(workdir, "latest", search, batch_tokens=batch_tokens)[0]
 
 
+@pytest.mark.slow
 def test_greedy_stream_translation_is_the_teacher_forced_argmax_chunk_by_chunk(
     recurrent_run, synthetic_dir
 ):
@@ -269,6 +272,7 @@ def test_greedy_stream_translation_is_the_teacher_forced_argmax_chunk_by_chunk(
     assert continuing >= 3 and checked > 100
 
 
+@pytest.mark.slow
 def test_a_documents_translation_does_not_depend_on_its_batch(recurrent_run, synthetic_dir):
     from docnmt_jax.data.readers import read_tsv
 

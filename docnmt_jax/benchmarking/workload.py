@@ -50,9 +50,12 @@ def model_names(args: argparse.Namespace) -> list[str]:
 
 def build(name: str, args: argparse.Namespace, sentences: int) -> Any:
     """Model ``name`` at ``--size``/``--dtype`` (label smoothing 0.1), fit for chunks of
-    ``sentences`` (a segment table of at least that many rows, where the model has one)."""
+    ``sentences`` (a segment table of at least that many rows, where the model has one);
+    ``NAME:SWITCH`` turns a boolean switch of the model's config on (``final:recurrent``)."""
     from docnmt_jax.models import build_model
     from docnmt_jax.models.base import registration
+
+    name, _, switch = name.partition(":")
 
     size = SIZES[args.size]
     sizes = {
@@ -67,6 +70,10 @@ def build(name: str, args: argparse.Namespace, sentences: int) -> Any:
     }
     known = {f.name for f in dataclasses.fields(registration(name).config_class)}
     config = {"name": name, **{key: value for key, value in sizes.items() if key in known}}
+    if switch:
+        if switch not in known:
+            raise UsageError(f"--models {name}:{switch}: {name} has no switch {switch!r}")
+        config[switch] = True
     model = build_model(config, args.vocab, label_smoothing=0.1)
     fields = {f.name for f in dataclasses.fields(model.config)}
     if "max_segments" in fields and model.config.max_segments < sentences:

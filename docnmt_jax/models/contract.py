@@ -278,6 +278,37 @@ class SlotSearch(Searchable, Protocol):
 
 
 @runtime_checkable
+class CarriedState(SlotSearch, Protocol):
+    """Context across chunks (``carries_state``): trained on document streams
+    (``DataSpec.streams``) with a fixed-size state each row's chunk leaves for the next
+    (``carry`` in the train state), searched chunk after chunk the same way
+    (:func:`~docnmt_jax.decoding.search.stream_translate`)."""
+
+    carries_state: bool
+
+    def initial_carry(self, rows: int) -> PyTree:
+        """The training state before a document's first chunk, ``rows`` rows."""
+        ...
+
+    def loss_with_carry(
+        self, params: PyTree, batch: Batch, carry: PyTree, rng: Array | None, train: bool
+    ) -> tuple[Array, Metrics, PyTree]:
+        """``loss`` of stream chunks read with ``carry`` where ``chunk_index > 0``, and the
+        state they leave (stop-gradient)."""
+        ...
+
+    def initial_decode_carry(self, rows: int) -> PyTree:
+        """The decoding state before a document's first chunk."""
+        ...
+
+    def carried_search_inputs(
+        self, params: PyTree, batch: Batch, carry: PyTree, search: SearchConfig
+    ) -> tuple[PyTree, PyTree, PyTree]:
+        """``(slots, first memory, what the chunks leave of the source side)``."""
+        ...
+
+
+@runtime_checkable
 class PretrainMapping(Protocol):
     """Initialisation from a sentence Transformer's checkpoint (``init_from_rules`` presets
     ``all`` and ``source``; Zheng et al. 2020, Table 4)."""
