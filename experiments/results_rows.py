@@ -63,6 +63,23 @@ _BASE_ROWS: tuple[Row, ...] = (
     Row("doc2doc", "Doc2Doc: the chunk as one sequence", "baselines", "configs/doc2doc.py"),
     Row("final", "FINAL (Zheng et al. 2020)", "FINAL", "configs/final.py"),
     Row(
+        "final_recurrent",
+        "FINAL, recurrent across chunks (beyond the paper)",
+        "FINAL",
+        "configs/final.py:recurrent",
+        synthetic_from="final",
+        extra=True,
+    ),
+    Row(
+        "final_recurrent_book",
+        "FINAL, recurrent across chunks, books as documents",
+        "FINAL",
+        "configs/final.py:recurrent",
+        (("data.document_unit", "book"),),
+        synthetic_from="final",
+        extra=True,
+    ),
+    Row(
         "t3_doc2sent",
         "Table 3: Doc2Sent (the chunk as the encoder's input)",
         "FINAL Table 3",

@@ -310,6 +310,7 @@ def stream_translate(model: Any, search: SearchConfig, jit: Callable[..., Any]) 
         return _slot_step(model, params, memory, slot, search)
 
     search_slot = jit(slot_fn, donate_argnums=1)
+    first_slot = jit(slot_fn)  # the carried memory's length is not the output's: no donation
 
     def stacked(outputs: list[Any], src_mask: Array) -> tuple[Array, dict[str, Array]]:
         ids, aux = jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
@@ -326,7 +327,7 @@ def stream_translate(model: Any, search: SearchConfig, jit: Callable[..., Any]) 
         slots, memory, (summaries, summary_mask) = prepare(params, batch, carry)
         outputs = []
         for k in range(batch["src"].shape[1]):
-            memory, output = search_slot(params, memory, slots, np.int32(k))
+            memory, output = (search_slot if k else first_slot)(params, memory, slots, np.int32(k))
             outputs.append(output)
         held["carry"] = {"source": summaries, "source_mask": summary_mask, "target": memory}
         return finish(outputs, batch["src_mask"])
