@@ -190,7 +190,7 @@ def train_worker(args: argparse.Namespace) -> Result:
     with CompileWatch() as watch:
         for _ in range(args.repeats):
             start = time.perf_counter()
-            for _ in range(passes):  # batches made as the trainer's loader makes them
+            for _ in range(passes):  # batches materialised while timed (the loader does too)
                 for batch in pipeline_lib.numpy_batches(plan):
                     state, _ = step(state, parallel.global_batch(batch, layout.batch))
             jax.block_until_ready(state)

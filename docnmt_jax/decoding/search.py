@@ -322,8 +322,9 @@ def stream_translate(model: Any, search: SearchConfig, jit: Callable[..., Any]) 
     def translate(params: PyTree, batch: dict[str, Any]) -> tuple[Array, dict[str, Array]]:
         rows = batch["src"].shape[0]
         carry = held.get("carry")
-        if carry is None or carry["source"].shape[0] != rows:
-            carry = model.initial_decode_carry(rows)
+        starts = not np.any(np.asarray(batch["chunk_index"]) > 0)  # no row reads a carry
+        if carry is None or carry["source"].shape[0] != rows or starts:
+            carry = model.initial_decode_carry(rows)  # (one shape for every first batch)
         slots, memory, (summaries, summary_mask) = prepare(params, batch, carry)
         outputs = []
         for k in range(batch["src"].shape[1]):
