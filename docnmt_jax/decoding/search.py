@@ -291,18 +291,34 @@ def _loop_slots(model: Any, search: SearchConfig, jit: Callable[..., Any]) -> Tr
     return translate
 
 
-def stream_translate(model: Any, search: SearchConfig, jit: Callable[..., Any]) -> TranslateFn:
+def padded_memory(memory: PyTree, length: int) -> PyTree:
+    """A slot memory (``mask [B, L]``, keys/values ``[B, H, L, d]``) with masked positions up
+    to ``length`` (never cut)."""
+
+    def pad(x: Array) -> Array:
+        axis = 1 if x.ndim == 2 else x.ndim - 2
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, max(length - x.shape[axis], 0))
+        return jnp.pad(x, widths)
+
+    return jax.tree.map(pad, memory)
+
+
+def stream_translate(
+    model: Any, search: SearchConfig, jit: Callable[..., Any], held: dict[str, PyTree]
+) -> TranslateFn:
     """Translation of consecutive document-stream batches
     (:class:`~docnmt_jax.data.stream_plan.StreamPlan`: each row continues its document, one
     chunk a call) by a model that carries state across chunks (recurrent FINAL,
     :mod:`docnmt_jax.models.final_recurrence`): ``(params, batch) -> (ids [B, S, L], aux)``
     as :func:`_loop_slots`, every chunk read with what the row's previous chunk left (the
     summaries of its encoding, the chosen translation's decoder states of its last sentence);
-    rows with ``chunk_index == 0`` read none. That state stays on the device in the returned
-    function between calls (empty whenever the number of rows changes): a document of ``n``
-    sentences costs ``n / S`` calls of fixed shapes, time linear in ``n``, memory independent
-    of it. The carried target memory keeps the length of the search that made it: slot 0's
-    search is compiled for it, the others for the current one."""
+    rows with ``chunk_index == 0`` read none. That state stays on the device in ``held``
+    between calls (shared by the translator's searches of every output cap; empty whenever
+    the number of rows changes or no row continues): a document of ``n`` sentences costs
+    ``n / S`` calls of fixed shapes, time linear in ``n``, memory independent of it. The
+    carried target memory is padded to the output cap ``search.max_len``, so slot 0's search
+    compiles once per cap, not once per previous chunk's length."""
     prepare = jit(functools.partial(model.carried_search_inputs, search=search))
 
     def slot_fn(params: PyTree, memory: PyTree, slots: PyTree, k: Array) -> Any:
@@ -317,27 +333,32 @@ def stream_translate(model: Any, search: SearchConfig, jit: Callable[..., Any]) 
         return _slot_outputs(ids, aux, src_mask)
 
     finish = jit(stacked, out=True)
-    held: dict[str, PyTree] = {}
+    to_cap = jit(functools.partial(padded_memory, length=search.max_len))
 
     def translate(params: PyTree, batch: dict[str, Any]) -> tuple[Array, dict[str, Array]]:
         rows = batch["src"].shape[0]
         carry = held.get("carry")
         starts = not np.any(np.asarray(batch["chunk_index"]) > 0)  # no row reads a carry
         if carry is None or carry["source"].shape[0] != rows or starts:
-            carry = model.initial_decode_carry(rows)  # (one shape for every first batch)
+            carry = model.initial_decode_carry(rows)
+            carry["target"] = to_cap(carry["target"])  # one shape whatever the batch
         slots, memory, (summaries, summary_mask) = prepare(params, batch, carry)
         outputs = []
         for k in range(batch["src"].shape[1]):
             memory, output = (search_slot if k else first_slot)(params, memory, slots, np.int32(k))
             outputs.append(output)
-        held["carry"] = {"source": summaries, "source_mask": summary_mask, "target": memory}
+        target = to_cap(memory)
+        held["carry"] = {"source": summaries, "source_mask": summary_mask, "target": target}
         return finish(outputs, batch["src_mask"])
 
     return translate
 
 
 def compile_translate(
-    model: Any, search: SearchConfig, mesh: parallel.Layout | None = None
+    model: Any,
+    search: SearchConfig,
+    mesh: parallel.Layout | None = None,
+    carried: dict[str, PyTree] | None = None,
 ) -> TranslateFn:
     """The compiled ``(params, batch) -> (ids [B, S, L], aux)`` of ``model``: its pure
     ``translate`` under one ``jax.jit``, or for slot-by-slot models (``model.layout``) a loop
@@ -357,7 +378,7 @@ def compile_translate(
         return jax.jit(body, **kwargs)
 
     if getattr(model, "carries_state", False):  # context across chunks: document streams
-        translate = stream_translate(model, search, jit)
+        translate = stream_translate(model, search, jit, {} if carried is None else carried)
     elif model.layout.sequential:
         translate = _loop_slots(model, search, jit)
     else:

@@ -203,7 +203,8 @@ class Translator:
         # gets sentences: same rows per search step.
         self.pipeline_config = builder.pipeline_config(model.data_spec(), settings, decoding=True)
         self.stats = TranslationStats(default_source_len=max_src_len, output_cap=search.max_len)
-        self._search = compile_translate(model, search, mesh)
+        self._carried: dict[str, Any] = {}  # state across chunks (every output cap's search)
+        self._search = compile_translate(model, search, mesh, self._carried)
         self._grown_searches: dict[int, TranslateFn] = {}
 
     def translate(
@@ -390,7 +391,9 @@ class Translator:
         if search.max_len == self.search.max_len:
             return self.search, self._search
         if search.max_len not in self._grown_searches:
-            self._grown_searches[search.max_len] = compile_translate(self.model, search, self.mesh)
+            self._grown_searches[search.max_len] = compile_translate(
+                self.model, search, self.mesh, self._carried
+            )
         return search, self._grown_searches[search.max_len]
 
     def translate_stream(
