@@ -39,6 +39,8 @@ def load_documents(
     ``"multi_resolution"`` (:mod:`docnmt_jax.data.corpus_mix`); every corpus is read in
     ``data.document_unit`` (:func:`read_corpus_as_unit`)."""
     train_as = corpus_mix.check_train_as(data_cfg.get("train_as", "documents"))
+    unit = data_cfg.get("document_unit", "chapter")  # a bad value fails before any reading
+    document_units.check_unit(unit, "config.data.document_unit")
     if split == "train" and data_cfg.get("mix", ""):
         if data_cfg.get("train", ""):
             raise corpus_mix.DataConfigError(
