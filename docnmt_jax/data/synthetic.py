@@ -332,6 +332,24 @@ def _document(
         forms = lex.pronoun_forms
         specials.setdefault(a + d_pron, []).append(("pronoun", (lex.pronoun, forms, c, d_pron)))
 
+    return render_document(rng, config, lex, doc_id, n, specials, ("noun", "topicword"))
+
+
+def render_document(
+    rng: np.random.Generator,
+    config: Any,
+    lex: Any,
+    doc_id: str,
+    n: int,
+    specials: Mapping[int, list[tuple[str, Any]]],
+    plain_kinds: tuple[str, ...],
+) -> tuple[Document, list[ContextLabel]]:
+    """Document ``doc_id`` of ``n`` sentences of filler words (``config.min_words ..
+    max_words``, ``lex.filler``/``lex.adjectives``) with ``specials[k]`` placed at random
+    positions of sentence ``k``: ``(kind, (src, tgt))`` for a kind in ``plain_kinds`` (a word
+    translated as it is), else ``(kind, (src, forms, value, distance))``, a labelled word
+    translated by ``forms[value]``; translated by :func:`_translate`. Shared by this task and
+    :mod:`~docnmt_jax.data.synthetic_long` (the same draws in the same order)."""
     srcs: list[str] = []
     tgts: list[str] = []
     labels: list[ContextLabel] = []
@@ -343,7 +361,7 @@ def _document(
         slots = rng.permutation(length)[: len(sp)]
         pending = []
         for slot, (kind, info) in zip(slots, sp, strict=True):
-            if kind in ("noun", "topicword"):
+            if kind in plain_kinds:
                 words[slot] = (info[0], info[1], False, None)
             else:
                 src, forms, value, dist = info

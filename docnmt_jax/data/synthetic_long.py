@@ -81,8 +81,8 @@ from docnmt_jax.data.synthetic import (
     SRC_VOWELS,
     TGT_CONSONANTS,
     TGT_VOWELS,
-    _translate,
     _word_factory,
+    render_document,
 )
 from docnmt_jax.files import atomic_open
 
@@ -272,40 +272,7 @@ def _document(
 ) -> tuple[Document, list[ContextLabel]]:
     n = int(rng.integers(config.min_sentences, config.max_sentences + 1))
     specials = _specials(rng, config, lex, n)
-    srcs: list[str] = []
-    tgts: list[str] = []
-    labels: list[ContextLabel] = []
-    for k in range(n):
-        length = int(rng.integers(config.min_words, config.max_words + 1))
-        fill = rng.integers(len(lex.filler), size=length)
-        words = [(s, t, s in lex.adjectives, None) for s, t in (lex.filler[i] for i in fill)]
-        sp = specials[k]
-        slots = rng.permutation(length)[: len(sp)]
-        pending = []
-        for slot, (kind, info) in zip(slots, sp, strict=True):
-            if kind in ("setter", "verb"):
-                words[slot] = (info[0], info[1], False, None)
-            else:
-                src, forms, value, dist = info
-                words[slot] = (src, forms[value], False, kind)
-                pending.append((kind, forms, value, dist))
-        out, where = _translate(words, config.reorder)
-        for kind, forms, value, dist in pending:
-            labels.append(
-                ContextLabel(
-                    doc_id=doc_id,
-                    segment=k,
-                    token_index=where[kind],
-                    phenomenon=kind,
-                    distance=dist,
-                    correct=forms[value],
-                    alternatives=tuple(f for i, f in enumerate(forms) if i != value),
-                )
-            )
-        srcs.append(" ".join(w[0] for w in words))
-        tgts.append(" ".join(out))
-    labels.sort(key=lambda lb: (lb.segment, lb.token_index))
-    return Document(doc_id, tuple(srcs), tuple(tgts)), labels
+    return render_document(rng, config, lex, doc_id, n, specials, ("setter", "verb"))
 
 
 def generate(
