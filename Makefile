@@ -1,10 +1,12 @@
 # Two set-up commands for a fresh machine (see README.md):
-#   make demo   the main job (~30 min on 2 CPU cores): the synthetic context proof, then a
-#               document model on the Bible, translated and scored, with the Delta_BLEU of
-#               random context, ending in a summary table
+#   make demo   the main job (~30 min on 2 CPU cores): the sentence Transformer, then FINAL
+#               finetuned from it, on the Bible; both translate the test books, scored side by
+#               side with the Delta_BLEU of random context and paired significance
 #   make test   run the default test suite (what .ci/run calls)
 # Both create or reuse the virtual environment in $(VENV) and install what they need.
 # make results      every model on the Bible, one budget -> docs/results.md (hours; resumable)
+# make results ARGS=--converged  every row until its dev BLEU stops improving ->
+#                   docs/results_converged.md (many CPU hours; resumable across sessions)
 # make results-quick  (or make results ARGS=--quick) the table's columns for a sentence row, a
 #                   document row, a finetuned row and its control, with tiny models: minutes
 
@@ -32,12 +34,16 @@ sword:
 data: venv sword
 	$(BIN)/python launch/prepare_data.py --corpus bible --out $(DATA)
 
-# The main job: the synthetic context proof (sentence Transformer against FINAL), then FINAL
-# trained on the Bible for DEMO_MINUTES, three test books translated (beam 5) with true and
-# random context and scored; every step's command is printed. ARGS: more launch/demo.py flags.
-DEMO_MINUTES ?= 12
+# The main job: the sentence Transformer trained on the Bible for DEMO_SENTENCE_STEPS, FINAL
+# finetuned from it for DEMO_DOCUMENT_STEPS, three test books translated (beam 5) by both and
+# by FINAL with random context, scored side by side with paired significance, and the verses
+# the context changed most; every step's command is printed. ARGS: more launch/demo.py flags
+# (--proof: the synthetic context task first).
+DEMO_SENTENCE_STEPS ?= 1650
+DEMO_DOCUMENT_STEPS ?= 300
 demo: data
-	$(BIN)/python launch/demo.py --train_minutes $(DEMO_MINUTES) $(ARGS)
+	$(BIN)/python launch/demo.py --sentence_steps $(DEMO_SENTENCE_STEPS) \
+		--document_steps $(DEMO_DOCUMENT_STEPS) $(ARGS)
 
 # Every registered model and the key variants on the Bible with the same budget in real target
 # tokens (experiments/results.py; rerun to resume): docs/results.md and docs/results.json.

@@ -136,6 +136,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.init_from = ""  # workdir, checkpoint directory or step directory
     config.init_from_which = "best"  # in a workdir: best (else latest), latest, or a step number
     config.init_from_rules = ""  # "": same paths; all | source; "REGEX -> PATH|skip; ..." rules
+    config.init_from_params = "params"  # params | ema (its moving average) | auto (ema if kept)
     config.init_from_allow_new = False  # parameters no rule maps and init_from lacks stay fresh
     config.init_from_ignore_unused = False  # without rules: skip checkpoint parameters unused
     return config

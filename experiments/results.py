@@ -33,7 +33,7 @@ from docnmt_jax import cli  # noqa: E402
 from docnmt_jax.errors import ConfigError  # noqa: E402
 from docnmt_jax.files import log_line  # noqa: E402
 from experiments import results_run  # noqa: E402
-from experiments.results_rows import QUICK_ROWS, Row, select_rows  # noqa: E402
+from experiments.results_rows import CONVERGED_ROWS, QUICK_ROWS, Row, select_rows  # noqa: E402
 from experiments.results_stages import STAGES, Settings, quick_settings  # noqa: E402
 
 
@@ -54,6 +54,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rows", default="", help="comma-separated rows (default: all)")
     p.add_argument("--seeds", default="0,1,2", help="seeds of the Transformer and FINAL rows")
     p.add_argument("--base_steps", type=int, help="budget: packed sentence-Transformer steps")
+    p.add_argument(
+        "--converged",
+        action="store_true",
+        help="the converged budget: every row until its dev BLEU stops improving (default "
+        "--out runs/results_converged, --doc docs/results_converged.md)",
+    )
+    p.add_argument("--patience", type=int, default=3, help="--converged: dev evaluations")
+    p.add_argument(
+        "--eval_every_epochs", type=float, default=0.5, help="--converged: between dev BLEUs"
+    )
+    p.add_argument("--max_epochs", type=float, default=40.0, help="--converged: at most")
     p.add_argument("--beam", type=int)
     p.add_argument("--draws", type=int, help="random-context draws for Delta_BLEU")
     p.add_argument("--synthetic_steps", type=int)
@@ -70,11 +81,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    out = args.out or ("runs/results_quick" if args.quick else "runs/results")
+    default = "runs/results_converged" if args.converged else "runs/results"
+    out = args.out or ("runs/results_quick" if args.quick else default)
     if args.quick:
         settings = quick_settings(out, os.path.join(out, "data"))
     else:
         settings = Settings(out=out, data_dir=args.data_dir)
+    if args.converged:
+        settings = dataclasses.replace(
+            settings,
+            patience=args.patience,
+            eval_every_epochs=args.eval_every_epochs,
+            max_epochs=args.max_epochs,
+        )
     changes = {
         k: getattr(args, k)
         for k in ("base_steps", "beam", "draws", "synthetic_steps")
@@ -87,7 +106,9 @@ def chosen_rows(args: argparse.Namespace, settings: Settings) -> tuple[list[Row]
     """The rows this run reports (an extra row only when named, or once it is trained) and
     the names of the rows trained already (here or in the committed report)."""
     seeds = [int(s) for s in args.seeds.split(",") if s]
-    names = args.rows or (",".join(QUICK_ROWS) if settings.quick else "")
+    names = args.rows or (
+        ",".join(QUICK_ROWS) if settings.quick else ",".join(CONVERGED_ROWS) * settings.converged
+    )
     row_list = select_rows(names, seeds if not settings.quick else [0], extras=True)
     committed = results_run.committed_rows(results_run.doc_path(args, settings))
     trained = {
@@ -96,7 +117,7 @@ def chosen_rows(args: argparse.Namespace, settings: Settings) -> tuple[list[Row]
         if r.name in committed
         or os.path.exists(os.path.join(settings.row_dir(r.name), "train.json"))
     }
-    if not args.rows and not settings.quick:  # extra rows run only by name; reported once run
+    if not args.rows and not settings.quick and not settings.converged:  # extra rows: by name
         row_list = [r for r in row_list if not r.extra or r.name in trained]
     return row_list, trained
 

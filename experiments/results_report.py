@@ -256,6 +256,45 @@ def recipe_words(settings: Settings) -> str:
     )
 
 
+def budget_words(settings: Settings, plan: Plan) -> str:
+    """The header's paragraph on how long every row trains and which checkpoint is measured."""
+    shared = (
+        recipe_words(settings)
+        + f" One sentencepiece model ({settings.vocab_size} pieces) for every row, seed 0 "
+        "unless stated."
+    )
+    if settings.converged:
+        return (
+            "**Budget per row: converged.** Every row trains until "
+            f"{settings.patience} dev evaluations in a row (one every "
+            f"{settings.eval_every_epochs:g} epoch of its own batches) bring no better dev "
+            f"BLEU (greedy, the parameters' EMA), at most {settings.max_epochs:g} epochs; the "
+            "checkpoint with the best dev BLEU is measured (nothing is chosen on test). "
+            "Pretrain→finetune rows start from the best checkpoint of the seed-0 sentence "
+            "Transformer; their control (`transformer_continued`) starts from the same "
+            "checkpoint and trains, without early stopping, for as many real target tokens "
+            "as the longest-trained finetune row, its checkpoint chosen on dev within them. "
+            + shared
+        )
+    budget = settings.base_steps * plan.reference_tokens_per_step
+    return (
+        f"**Budget per row:** the real target tokens of {settings.base_steps:,} packed "
+        f"sentence-Transformer steps ({plan.reference_tokens_per_step:,.0f} a step, "
+        f"{budget / 1e6:.2f}M tokens, {budget / max(plan.epoch_tokens, 1):.2f} epochs of "
+        f"{plan.epoch_tokens:,} training target tokens); each row's steps from its own batch "
+        "plan (padding excluded). "
+        + shared
+        + " Latest checkpoint. Pretrain→finetune rows start from the sentence Transformer row "
+        "and then get the same budget again (twice the tokens in all). Training recipes at "
+        "this budget, chosen on dev: [`recipe_study.md`](recipe_study.md)."
+        + (
+            " Not converged: a CPU budget; differences within the seed spread below mean nothing."
+            if not settings.quick
+            else ""
+        )
+    )
+
+
 def header(settings: Settings, plan: Plan) -> str:
     """The report's title and paragraphs: the command, the machine, the budget, the test."""
     import jax
@@ -264,9 +303,10 @@ def header(settings: Settings, plan: Plan) -> str:
     kind = (
         "quick run (tiny models: checks the pipeline, not the models)"
         if settings.quick
+        else "converged comparison"
+        if settings.converged
         else ("budgeted comparison" if device.platform == "cpu" else "comparison")
     )
-    budget = settings.base_steps * plan.reference_tokens_per_step
     shown = [  # what makes the table; --stages/--jobs only say how this call works
         a
         for a in (sys.argv[1:] if argv_is_cli() else [])
@@ -290,23 +330,7 @@ def header(settings: Settings, plan: Plan) -> str:
             f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} on {platform.node() or 'host'}: "
             f"{os.cpu_count()} CPUs, JAX device {device.device_kind}.",
             "",
-            f"**Budget per row:** the real target tokens of {settings.base_steps:,} packed "
-            f"sentence-Transformer steps ({plan.reference_tokens_per_step:,.0f} a step, "
-            f"{budget / 1e6:.2f}M tokens, {budget / max(plan.epoch_tokens, 1):.2f} epochs of "
-            f"{plan.epoch_tokens:,} training target tokens); each row's steps from its own batch "
-            "plan (padding excluded). "
-            + recipe_words(settings)
-            + f" One sentencepiece model ({settings.vocab_size} pieces) for every row, seed 0 "
-            "unless stated, latest "
-            "checkpoint. Pretrain→finetune rows start from the sentence Transformer row and then "
-            "get the same budget again (twice the tokens in all). Training recipes at this "
-            "budget, chosen on dev: [`recipe_study.md`](recipe_study.md)."
-            + (
-                " Not converged: a CPU budget; differences within the seed spread below mean "
-                "nothing."
-                if not settings.quick
-                else ""
-            ),
+            budget_words(settings, plan),
             "",
             f"**Test:** {len(plan.test)} chapters, {sum(len(d) for d in plan.test):,} verses; "
             f"beam {settings.beam}, α {settings.alpha}; s-BLEU, d-BLEU, chrF and pronoun F1 "

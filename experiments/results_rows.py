@@ -36,6 +36,10 @@ class Row:
     #: on the synthetic task: a model that diverges at the shared warm-up peak gets a row at
     #: a lower rate beside the shared-rate row, which stays in the table
     lr_factor: float = 1.0
+    #: with the converged budget: train (no patience) for the most real target tokens any of
+    #: these rows trained, the checkpoint chosen on dev within them (the finetune rows'
+    #: sentence control)
+    same_tokens_as: tuple[str, ...] = ()
 
     @property
     def base(self) -> str:
@@ -199,6 +203,26 @@ _BASE_ROWS: tuple[Row, ...] = (
         synthetic_from="hmgdc",
     ),
     Row(
+        "jean_cho_finetuned",
+        "Jean & Cho (2019) finetuned from the sentence Transformer",
+        "pretrain -> finetune",
+        "configs/jean_cho.py",
+        _SENTENCE_ROWS + (("init_from_rules", "all"),),
+        init_from="transformer",
+        synthetic_from="jean_cho",
+        extra=True,
+    ),
+    Row(
+        "doc2doc_finetuned",
+        "Doc2Doc finetuned from the sentence Transformer",
+        "pretrain -> finetune",
+        "configs/doc2doc.py",
+        (("init_from_rules", "all"),),
+        init_from="transformer",
+        synthetic_from="doc2doc",
+        extra=True,
+    ),
+    Row(
         "transformer_continued",
         "Sentence Transformer continued from its own checkpoint (the finetune rows' control)",
         "pretrain -> finetune",
@@ -207,6 +231,13 @@ _BASE_ROWS: tuple[Row, ...] = (
         init_from="transformer",
         synthetic_from="transformer",
         extra=True,
+        same_tokens_as=(
+            "final_finetuned",
+            "doct_two_step",
+            "hmgdc_finetuned",
+            "jean_cho_finetuned",
+            "doc2doc_finetuned",
+        ),
     ),
     Row("rnnsearch", "RNNSearch (Tan et al.'s sentence baseline)", "RNN", "configs/rnnsearch.py"),
     Row("rnnsearch_hmgdc", "HM-GDC on RNNSearch", "RNN", "configs/rnnsearch_hmgdc.py"),
@@ -229,6 +260,23 @@ def rows(seeds: Sequence[int] = (0, 1, 2)) -> list[Row]:
             out += [_seeded(row, s) for s in seeds if s != row.seed]
     return out
 
+
+#: The rows of the converged budget (``--converged`` without ``--rows``): the sentence
+#: Transformer (every seed), each paper's model finetuned from seed 0's converged Transformer
+#: with their same-token control, FINAL from scratch, and Tan et al.'s RNN group. FINAL
+#: Table 3's rows stay at the token budget (``docs/results.md``).
+CONVERGED_ROWS = (
+    "transformer",
+    "final",
+    "final_finetuned",
+    "doct_two_step",
+    "hmgdc_finetuned",
+    "jean_cho_finetuned",
+    "doc2doc_finetuned",
+    "transformer_continued",
+    "rnnsearch",
+    "rnnsearch_hmgdc",
+)
 
 #: the quick run's rows (``--quick`` without ``--rows``): what proves the runner works end to
 #: end in CI's minutes: a sentence row, a document row (random-context Delta_BLEU, the synthetic

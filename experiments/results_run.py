@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -154,11 +155,21 @@ def run_rows(
             on_stage(len(STAGES))
             continue
         steps, per_step = budget[row.name]
+        eval_every = round(settings.eval_every_epochs * plan.epoch_tokens / per_step)
+        if settings.converged and row.same_tokens_as:
+            steps = same_token_steps(row, settings, per_step)
+            budget[row.name] = (steps or budget[row.name][0], per_step)  # for the report
+            if not steps:
+                say(f"{row.name}: waiting for {', '.join(row.same_tokens_as)} to be trained")
+                on_stage(len(STAGES))
+                continue
 
-        def train(row: Row = row, steps: int = steps, per_step: float = per_step) -> dict:
+        def train(
+            row: Row = row, steps: int = steps, per_step: float = per_step, every: int = eval_every
+        ) -> dict:
             if row.init_from:
                 wait_for(row, settings)
-            record = train_row(row, settings, steps, plan.tokenizer_path)
+            record = train_row(row, settings, steps, plan.tokenizer_path, every)
             record["tokens_per_step"] = per_step
             record["epochs"] = record["steps"] * per_step / max(plan.epoch_tokens, 1)
             return record
@@ -205,9 +216,25 @@ def run_rows(
     return failures
 
 
+def same_token_steps(row: Row, settings: Settings, per_step: float) -> int:
+    """The converged budget of a control (``Row.same_tokens_as``): the steps of ``row``'s
+    batches that hold the most real target tokens any of those rows trained (0: none is
+    trained yet)."""
+    tokens = []
+    for name in row.same_tokens_as:
+        record = read_record(os.path.join(settings.row_dir(name), "train.json"))
+        if record is not None:
+            tokens.append(record["steps"] * record["tokens_per_step"])
+    return math.ceil(max(tokens) / per_step) if tokens else 0
+
+
 def doc_path(args: argparse.Namespace, settings: Settings) -> str:
     """Where the report goes besides ``OUT`` ('' for none)."""
-    return args.doc if args.doc is not None else ("" if settings.quick else "docs/results.md")
+    if args.doc is not None:
+        return args.doc
+    if settings.quick:
+        return ""
+    return "docs/results_converged.md" if settings.converged else "docs/results.md"
 
 
 def committed_rows(doc: str) -> set[str]:
@@ -257,7 +284,9 @@ def restore_records(doc: str, row_list: list[Row], settings: Settings, budget: d
 
 
 def compute_budget(row_list: list[Row], settings: Settings, plan: Plan, say) -> dict:
-    """Each row's (steps, real target tokens per step), cached in ``OUT/budget.json``."""
+    """Each row's (steps, real target tokens per step), cached in ``OUT/budget.json``: the
+    steps of the token budget, or with the converged budget those of ``max_epochs`` (the
+    most a row may train before its dev BLEU stops improving)."""
     path = os.path.join(settings.out, "budget.json")
     cache = read_record(path) or {}
     budget = {}
@@ -271,10 +300,15 @@ def compute_budget(row_list: list[Row], settings: Settings, plan: Plan, say) -> 
             say(f"{row.name}: budget FAILED: {str(error).splitlines()[0]}")
             continue
         per_step = cache[key]
-        budget[row.name] = (
-            max(round(settings.base_steps * plan.reference_tokens_per_step / per_step), 1),
-            per_step,
+        tokens = (
+            settings.max_epochs * plan.epoch_tokens  # converged: patience stops it before
+            if settings.converged
+            else settings.base_steps * plan.reference_tokens_per_step
         )
+        steps = max(round(tokens / per_step), 1)
+        if settings.converged and row.same_tokens_as:
+            steps = same_token_steps(row, settings, per_step) or steps
+        budget[row.name] = (steps, per_step)
     return budget
 
 

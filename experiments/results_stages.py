@@ -79,6 +79,21 @@ class Settings:
     max_len: int = 128
     aot_compile: bool = True
     quick: bool = False
+    #: > 0: the converged budget -- every row trains until ``patience`` dev evaluations in a
+    #: row (one every ``eval_every_epochs``) bring no better dev BLEU (greedy, the EMA), at
+    #: most ``max_epochs``; the best checkpoint on dev is measured. 0: the token budget.
+    patience: int = 0
+    eval_every_epochs: float = 0.5
+    max_epochs: float = 40.0
+
+    @property
+    def converged(self) -> bool:
+        return self.patience > 0
+
+    @property
+    def checkpoint(self) -> str:
+        """The checkpoint every stage measures: chosen on dev when converged."""
+        return "best" if self.converged else "latest"
 
     def row_dir(self, row: str) -> str:
         return os.path.join(self.out, "rows", row)
@@ -109,10 +124,13 @@ def quick_settings(out: str, data_dir: str) -> Settings:
 
 
 def row_config(
-    row: Row, settings: Settings, steps: int, tokenizer: str
+    row: Row, settings: Settings, steps: int, tokenizer: str, eval_every: int = 0
 ) -> ml_collections.ConfigDict:
     """The training config of ``row``: its file and overrides, the shared tokenizer, budget
-    flags and sizes; checkpoints every quarter of the steps, dev loss at the end."""
+    flags and sizes; checkpoints every quarter of the steps, dev loss at the end. With the
+    converged budget: dev BLEU and a checkpoint every ``eval_every`` steps, the best on dev
+    kept, and ``patience`` (none for a row trained for the tokens of others:
+    ``Row.same_tokens_as``)."""
     config = load_config(row.config)
     resize_model(config, settings.model)
     config.data.data_dir = settings.data_dir
@@ -130,11 +148,19 @@ def row_config(
     config.train.best_mode = "min"
     config.train.eval_every = steps
     config.train.checkpoint_every = max(steps // 4, 1)
+    if settings.converged:  # steps = max_epochs of this row's batches (compute_budget)
+        config.train.dev_bleu = True
+        config.train.best_metric = "dev_bleu"
+        config.train.best_mode = "max"
+        config.train.patience = 0 if row.same_tokens_as else settings.patience
+        config.train.eval_every = config.train.checkpoint_every = max(eval_every, 1)
     config.train.log_every = max(min(50, steps // 4), 1)
     config.train.aot_compile = settings.aot_compile
     if row.init_from:
         config.init_from = settings.row_dir(row.init_from)
-        config.init_from_which = "latest"
+        config.init_from_which = settings.checkpoint
+        if settings.converged:  # the parameters its translations use: the EMA where kept
+            config.init_from_params = "auto"
     for key, value in row.overrides:  # last: a row's own setting is never overwritten
         set_key(config, key, value)
     if "max_segments" in config.model:
@@ -142,17 +168,20 @@ def row_config(
     return config
 
 
-def train_row(row: Row, settings: Settings, steps: int, tokenizer_path: str) -> dict[str, Any]:
+def train_row(
+    row: Row, settings: Settings, steps: int, tokenizer_path: str, eval_every: int = 0
+) -> dict[str, Any]:
     """Trains ``row`` for ``steps`` (resuming its checkpoints) and returns the train record.
     A training stopped before ``steps`` (SIGTERM/SIGINT: its checkpoint saved) raises
     ``KeyboardInterrupt``: no record is written, the whole run stops, and the same command
     resumes the row from its checkpoint."""
     from docnmt_jax.training import trainer
+    from docnmt_jax.training.dev_eval import dev_bleu_hook
 
     workdir = settings.row_dir(row.name)
-    config = row_config(row, settings, steps, tokenizer_path)
-    result = trainer.train_and_evaluate(config, workdir)
-    if result.step < steps:  # stopped by a signal: checkpoint saved, no record (resumes)
+    config = row_config(row, settings, steps, tokenizer_path, eval_every)
+    result = trainer.train_and_evaluate(config, workdir, dev_hook=dev_bleu_hook(config))
+    if result.step < steps and result.stopped_by != "patience":  # a signal: resumes
         raise KeyboardInterrupt(f"{row.name}: training stopped at step {result.step}")
     record = {
         "steps": result.step,
@@ -177,7 +206,7 @@ def measure_row(
     workdir = settings.row_dir(row.name)
     search = SearchConfig(beam_size=settings.beam, alpha=settings.alpha)
     translator, step = restore.load_translator(
-        workdir, "latest", search, batch_tokens=settings.batch_tokens
+        workdir, settings.checkpoint, search, batch_tokens=settings.batch_tokens
     )
     model = translator.model
     refs = [list(d.tgt) for d in documents]
@@ -312,7 +341,7 @@ def params_row(row: Row, settings: Settings) -> dict[str, Any]:
     from docnmt_jax.training import restore
 
     model, _, _ = restore.load_model(settings.row_dir(row.name))
-    params, _ = restore.load_params(model, settings.row_dir(row.name), "latest")
+    params, _ = restore.load_params(model, settings.row_dir(row.name), settings.checkpoint)
     return {"params": int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))}
 
 
@@ -369,10 +398,16 @@ def stage_inputs(stage: str, row: Row, settings: Settings, steps: int) -> dict[s
             "overrides": [list(o) for o in row.overrides],
             "seed": row.seed,
             "recipe": training_recipe(row_config(row, settings, steps, "")),
+            **(
+                {"patience": settings.patience, "eval_every_epochs": settings.eval_every_epochs}
+                if settings.converged
+                else {}
+            ),
         }
     if stage == "measure":
         return {
             "steps": steps,
+            **({"checkpoint": "best"} if settings.converged else {}),
             "beam": settings.beam,
             "alpha": settings.alpha,
             "draws": settings.draws,

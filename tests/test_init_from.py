@@ -19,6 +19,7 @@ from docnmt_jax import parallel
 from docnmt_jax.data.readers import read_tsv
 from docnmt_jax.data.schema import dummy_batch
 from docnmt_jax.data.tokenizer import get_or_train_tokenizer, load_tokenizer
+from docnmt_jax.errors import ConfigError
 from docnmt_jax.models import ModelError, build_model
 from docnmt_jax.objectives import build_objective
 from docnmt_jax.training import optim, param_mapping, trainer
@@ -85,14 +86,15 @@ def _flat(tree, prefix=""):
     return out
 
 
-def _read_params(step_dir):
-    """Every parameter array of ``step_dir/state`` as numpy (orbax directly, any mesh)."""
+def _read_params(step_dir, which="params"):
+    """Every parameter array of ``step_dir/state`` as numpy (orbax directly, any mesh);
+    ``which="ema"``: their moving average."""
     state_dir = os.path.join(step_dir, "state")
     checkpointer = ocp.PyTreeCheckpointer()
     tree = ocp.PyTreeCheckpointHandler().metadata(epath.Path(state_dir)).tree
     args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
     state = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(restore_args=args))
-    return _flat(state["params"])
+    return _flat(state[which])
 
 
 def _only_step(directory):
@@ -158,6 +160,39 @@ def test_presets_fill_final_from_a_transformer_as_the_written_map(
     # "source" leaves the whole Transformer decoder unused.
     unused = {source for (_, source), s in status.items() if s == "unused"}
     assert unused == {k for k in saved if k.startswith("decoder_layers_")}
+
+
+def test_init_from_params_ema_reads_the_moving_average(synthetic_dir, pretrained, tmp_path):
+    config, model, fresh = _final_model(synthetic_dir, pretrained)
+    with_ema = str(tmp_path / "with_ema")
+    run = _sized(tiny_config(synthetic_dir), num_steps=3, ema_decay=0.999)
+    run.data.tokenizer = config.data.tokenizer
+    trainer.train_and_evaluate(run, with_ema)
+    config.init_from = with_ema
+    step_dir = _only_step(os.path.join(with_ema, "best"))
+    raw, ema = _read_params(step_dir), _read_params(step_dir, "ema")
+    assert any(not np.array_equal(raw[k], ema[k]) for k in raw)  # else the test proves nothing
+    config.init_from_rules = "all"
+    for which, expected in (("params", raw), ("ema", ema), ("auto", ema)):
+        config.init_from_params = which
+        params, _, _ = param_mapping.init_from_checkpoint(config, model, fresh)
+        got = _flat(jax.device_get(params))
+        for path, source in FINAL_FROM_TRANSFORMER.items():
+            np.testing.assert_array_equal(got[path], expected[source], err_msg=f"{which} {path}")
+    # A run without an EMA: "auto" reads its parameters, "ema" is a one-line config error.
+    no_ema = str(tmp_path / "no_ema")
+    run = _sized(tiny_config(synthetic_dir), num_steps=1, ema_decay=0.0)
+    run.data.tokenizer = config.data.tokenizer
+    trainer.train_and_evaluate(run, no_ema)
+    config.init_from = no_ema
+    config.init_from_params = "auto"
+    params, _, _ = param_mapping.init_from_checkpoint(config, model, fresh)
+    plain = _read_params(_only_step(os.path.join(no_ema, "best")))
+    got = _flat(jax.device_get(params))
+    np.testing.assert_array_equal(got["embed/embedding"], plain["embed/embedding"])
+    config.init_from_params = "ema"
+    with pytest.raises(ConfigError, match="keeps no EMA"):
+        param_mapping.init_from_checkpoint(config, model, fresh)
 
 
 def test_mapping_mistakes_are_init_from_errors_naming_paths_and_shapes(

@@ -502,3 +502,39 @@ def test_make_and_the_recipes_name_scripts_that_exist():
     named = {p for t in texts for p in re.findall(r"\b(?:launch|experiments)/[\w/]+\.(?:py|sh)", t)}
     assert "experiments/steps_for_tokens.py" in named
     assert sorted(p for p in named if not os.path.exists(os.path.join(ROOT, p))) == []
+
+
+def test_the_converged_budget_stops_on_dev_bleu_and_its_control_matches_tokens(tmp_path):
+    settings = results_stages.Settings(out=str(tmp_path), data_dir="data/bible", patience=3)
+    by_name = {r.name: r for r in results_rows.rows((0,))}
+    finetuned, control = by_name["final_finetuned"], by_name["transformer_continued"]
+    config = results_stages.row_config(finetuned, settings, 4000, "spm.model", eval_every=550)
+    train = config.train
+    assert (train.dev_bleu, train.best_metric, train.best_mode) == (True, "dev_bleu", "max")
+    assert (train.patience, train.eval_every, train.checkpoint_every) == (3, 550, 550)
+    assert (config.init_from_which, config.init_from_params) == ("best", "auto")
+    assert settings.checkpoint == "best"
+    # the control trains for a fixed number of tokens: no early stopping
+    assert results_stages.row_config(control, settings, 900, "", eval_every=550).train.patience == 0
+    inputs = results_stages.stage_inputs("train", finetuned, settings, 4000)
+    assert inputs["patience"] == 3
+    # The control's steps hold the most tokens any finetune row trained: rows of 1,000 and
+    # 2,500 real tokens a step trained 300 and 200 steps (300,000 and 500,000 tokens), so at
+    # 1,024 tokens a step the control needs ceil(500,000 / 1,024) = 489 steps.
+    assert results_run.same_token_steps(control, settings, 1024.0) == 0  # none trained yet
+    for name, steps, per_step in (("final_finetuned", 300, 1000.0), ("doct_two_step", 200, 2500.0)):
+        os.makedirs(settings.row_dir(name))
+        files.write_record(
+            os.path.join(settings.row_dir(name), "train.json"),
+            {"steps": steps, "tokens_per_step": per_step},
+        )
+    assert results_run.same_token_steps(control, settings, 1024.0) == 489
+    # The token budget keeps its rules: no dev BLEU, the latest checkpoint.
+    budget = results_stages.Settings(out=str(tmp_path), data_dir="data/bible")
+    config = results_stages.row_config(finetuned, budget, 600, "spm.model")
+    assert (config.train.dev_bleu, config.train.patience, budget.checkpoint) == (
+        False,
+        0,
+        "latest",
+    )
+    assert "patience" not in results_stages.stage_inputs("train", finetuned, budget, 600)

@@ -30,6 +30,8 @@ Every restore yields one table (:class:`Row`: parameter, source path, status ``l
 and shapes, then an Orbax partial restore reads exactly the needed arrays of its ``params``
 subtree (never the optimiser state), each straight onto the sharding of the parameter it
 fills, so a checkpoint written on one mesh initialises a run on any other.
+``init_from_params = "ema"`` reads the run's exponential moving average of its parameters
+instead (what its translations use), ``"auto"`` the EMA where the run keeps one.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from docnmt_jax.errors import ConfigError
 from docnmt_jax.files import atomic_open
 from docnmt_jax.models.base import ModelError
 from docnmt_jax.models.contract import PretrainMapping, require
@@ -281,15 +284,25 @@ def _flatten_metadata(tree: Any, prefix: tuple[str, ...] = ()) -> dict[str, Any]
     return {"/".join(prefix): tree}
 
 
-def checkpoint_parameters(state_dir: str) -> tuple[tuple[str, ...], dict[str, Any]]:
+def checkpoint_parameters(
+    state_dir: str, which: str = "params"
+) -> tuple[tuple[str, ...], dict[str, Any]]:
     """From the metadata only (no array read): the key of the parameters in the saved state
-    (``("params",)``, or ``()`` for a bare parameter tree) and ``path -> array metadata``
-    (``.shape``, ``.dtype``)."""
+    (``("params",)``, ``("ema",)`` or ``()`` for a bare parameter tree) and ``path -> array
+    metadata`` (``.shape``, ``.dtype``). ``which``: ``params`` (the trained parameters),
+    ``ema`` (their exponential moving average; an error where the state keeps none) or
+    ``auto`` (the EMA where kept, as translation reads a run)."""
+    if which not in ("params", "ema", "auto"):
+        raise ConfigError(f"init_from_params must be params, ema or auto, got {which!r}")
     metadata = ocp.PyTreeCheckpointHandler().metadata(epath.Path(state_dir))
     tree = getattr(metadata, "tree", metadata)
-    prefix: tuple[str, ...] = ("params",) if isinstance(tree.get("params"), Mapping) else ()
+    has_ema = isinstance(tree.get("ema"), Mapping)
+    if which == "ema" and not has_ema:
+        raise ConfigError(f"init_from_params=ema: {state_dir} keeps no EMA of its parameters")
+    key = "ema" if which == "ema" or (which == "auto" and has_ema) else "params"
+    prefix: tuple[str, ...] = (key,) if isinstance(tree.get(key), Mapping) else ()
     if prefix:
-        tree = tree["params"]
+        tree = tree[key]
     return prefix, _flatten_metadata(tree)
 
 
@@ -336,7 +349,7 @@ def init_from_checkpoint(
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
     paths = [parameter_path(path) for path, _ in leaves]
     values = dict(zip(paths, (x for _, x in leaves), strict=True))
-    prefix, saved = checkpoint_parameters(state_dir)
+    prefix, saved = checkpoint_parameters(state_dir, config.get("init_from_params", "params"))
     rules = resolve_rules(entries, model, paths, list(saved))
     rows = plan(
         {p: tuple(np.shape(v)) for p, v in values.items()},
