@@ -307,11 +307,14 @@ def header(settings: Settings, plan: Plan) -> str:
         if settings.converged
         else ("budgeted comparison" if device.platform == "cpu" else "comparison")
     )
-    shown = [  # what makes the table; --stages/--jobs only say how this call works
-        a
-        for a in (sys.argv[1:] if argv_is_cli() else [])
-        if not a.startswith(("--stages", "--jobs", "--worker")) and a != ""
-    ]
+    shown, skip = [], False  # what makes the table; --stages/--jobs say how this call works
+    for a in sys.argv[1:] if argv_is_cli() else []:
+        if skip or a == "":
+            skip = False
+            continue
+        skip = a in ("--stages", "--jobs", "--worker")
+        if not a.startswith(("--stages", "--jobs", "--worker")):
+            shown.append(a)
     command = "python experiments/results.py " + " ".join(shown)
     return "\n".join(
         [

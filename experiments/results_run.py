@@ -124,6 +124,20 @@ def load_records(row_list: list[Row], settings: Settings, budget: dict) -> dict:
     return records
 
 
+def wait_until_trained(names: list[str], settings: Settings, timeout_s: float = 48 * 3600) -> None:
+    """Blocks until every row of ``names`` has a train record or a train error (another
+    worker trains it)."""
+    deadline = time.monotonic() + timeout_s
+    for name in names:
+        directory = settings.row_dir(name)
+        while not any(
+            os.path.exists(os.path.join(directory, f)) for f in ("train.json", "train.error")
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"row {name!r} is still not trained after {timeout_s:.0f} s")
+            time.sleep(5)
+
+
 def wait_for(row: Row, settings: Settings, timeout_s: float = 6 * 3600) -> None:
     """Blocks until the row this one starts from is trained (another worker trains it)."""
     done = os.path.join(settings.row_dir(row.init_from), "train.json")
@@ -157,10 +171,15 @@ def run_rows(
         steps, per_step = budget[row.name]
         eval_every = round(settings.eval_every_epochs * plan.epoch_tokens / per_step)
         if settings.converged and row.same_tokens_as:
+            # the rows it matches that this run trains (maybe in another worker) first
+            if "train" in stages:
+                wait_until_trained([n for n in row.same_tokens_as if n in budget], settings)
             steps = same_token_steps(row, settings, per_step)
             budget[row.name] = (steps or budget[row.name][0], per_step)  # for the report
             if not steps:
-                say(f"{row.name}: waiting for {', '.join(row.same_tokens_as)} to be trained")
+                say(
+                    f"{row.name}: none of {', '.join(row.same_tokens_as)} is trained: run one first"
+                )
                 on_stage(len(STAGES))
                 continue
 
