@@ -4,6 +4,8 @@
         [--base_steps 3000] [--rows transformer,final,...] [--seeds 0,1,2]
         [--beam 5] [--draws 1] [--synthetic_steps 1500]
     python experiments/results.py --quick        # tiny models, a few steps: minutes (CI)
+    python experiments/results.py --converged [--patience 3] [--eval_every_epochs 0.5]
+        [--max_epochs 40] [--rows ...]           # every row until dev BLEU stops improving
 
 Trains every row of :func:`experiments.results_rows.rows` on the Bible with the same
 budget in real target tokens (``--base_steps`` packed sentence-Transformer steps), translates
@@ -17,6 +19,14 @@ status is then 1. ``--quick`` takes the few shortest chapters of each split (``O
 and tiny models, and trains the rows of ``QUICK_ROWS`` (a sentence row, a document row,
 pretrain -> finetune and its continued control; ``--rows`` names others); its table has every
 column of the full one.
+
+``--converged`` replaces the token budget: every row trains until ``--patience`` dev
+evaluations in a row (one every ``--eval_every_epochs`` of its own batches) bring no better
+dev BLEU, at most ``--max_epochs``, and its best checkpoint on dev is measured; finetune rows
+start from the best checkpoint (its EMA) of seed 0's sentence Transformer, and their control
+``transformer_continued`` trains as many real target tokens as the longest-trained of them
+(:data:`~experiments.results_rows.CONVERGED_ROWS`; report ``docs/results_converged.md``,
+run directory ``runs/results_converged``).
 """
 
 from __future__ import annotations

@@ -171,15 +171,10 @@ def run_rows(
         steps, per_step = budget[row.name]
         eval_every = round(settings.eval_every_epochs * plan.epoch_tokens / per_step)
         if settings.converged and row.same_tokens_as:
-            # the rows it matches that this run trains (maybe in another worker) first
-            if "train" in stages:
-                wait_until_trained([n for n in row.same_tokens_as if n in budget], settings)
-            steps = same_token_steps(row, settings, per_step)
-            budget[row.name] = (steps or budget[row.name][0], per_step)  # for the report
+            steps = control_steps(row, settings, budget, stages)
             if not steps:
-                say(
-                    f"{row.name}: none of {', '.join(row.same_tokens_as)} is trained: run one first"
-                )
+                names = ", ".join(row.same_tokens_as)
+                say(f"{row.name}: none of {names} is trained: run one first")
                 on_stage(len(STAGES))
                 continue
 
@@ -233,6 +228,18 @@ def run_rows(
             on_stage(1)
         after_row()
     return failures
+
+
+def control_steps(row: Row, settings: Settings, budget: dict, stages: list[str]) -> int:
+    """A converged control's steps (:func:`same_token_steps`) once the rows it matches that
+    this run trains (maybe in another worker) are trained; also set in ``budget`` for the
+    report. 0: none of them is trained."""
+    if "train" in stages:
+        wait_until_trained([n for n in row.same_tokens_as if n in budget], settings)
+    per_step = budget[row.name][1]
+    steps = same_token_steps(row, settings, per_step)
+    budget[row.name] = (steps or budget[row.name][0], per_step)
+    return steps
 
 
 def same_token_steps(row: Row, settings: Settings, per_step: float) -> int:

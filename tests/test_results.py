@@ -163,11 +163,11 @@ def test_train_speed_adds_windows_not_rates(tmp_path):
 def test_a_training_stopped_by_a_signal_leaves_no_record(synthetic_dir, tmp_path, monkeypatch):
     """SIGTERM mid-training: the checkpoint is the trainer's; the row gets no train record
     (which would mark it done at the step it stopped) and the run stops."""
-    calls = []
+    calls, stopped_by = [], ["sigterm"]
 
-    def fake_train(config, workdir):
+    def fake_train(config, workdir, dev_hook=None):
         calls.append(config.train.num_steps)
-        return trainer.TrainResult(step=72, dev_metrics={}, losses=[], stopped_by="sigterm")
+        return trainer.TrainResult(step=72, dev_metrics={}, losses=[], stopped_by=stopped_by[0])
 
     monkeypatch.setattr(trainer, "train_and_evaluate", fake_train)
     row = next(r for r in results_rows.rows() if r.name == "doc2doc")
@@ -182,6 +182,10 @@ def test_a_training_stopped_by_a_signal_leaves_no_record(synthetic_dir, tmp_path
             {},
         )
     assert calls == [600] and not os.path.exists(path)
+    # Early stopping on dev (the converged budget) is a finished training: it has a record.
+    stopped_by[0] = "patience"
+    record = results_stages.train_row(row, settings, 600, "spm.model")
+    assert (record["steps"], record["stopped_by"]) == (72, "patience")
     # The synthetic stage's training likewise.
     from docnmt_jax.commands import context_proof
 
