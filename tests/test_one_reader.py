@@ -77,8 +77,11 @@ TWO_COLUMN_FAULTS = {
 
 #: Plain text (blank lines between documents).
 PLAIN_FAULTS = {
-    "bad UTF-8": (["uno", b"d\xc3os"], 2, "invalid UTF-8: byte 0xc3 at byte offset 1 of the "
-                  "line (offset 5 in the file)"),
+    "bad UTF-8": (
+        ["uno", b"d\xc3os"],
+        2,
+        "invalid UTF-8: byte 0xc3 at byte offset 1 of the line (offset 5 in the file)",
+    ),
     "carriage return": (["uno", "", "do\rs"], 3, CR),
 }
 

@@ -71,7 +71,6 @@ def test_plain_text_pipe_keeps_lines(one_step_run, synthetic_dir):
     assert "wrote standard output" in out.stderr and "doc_id" not in out.stdout
 
 
-
 @pytest.mark.slow
 def test_nbest_and_sampling_rows(one_step_run, synthetic_dir):
     docs = readers.read_tsv(os.path.join(synthetic_dir, "test.tsv"))[:1]
@@ -111,8 +110,7 @@ def _interactive(workdir: str, lines: list[list[str]]) -> list[list[str]]:
     """The answers of ``docnmt-translate --interactive`` in a real pipe, each line read
     before the next is written (so each answer was flushed on its own)."""
     proc = subprocess.Popen(
-        [os.path.join(BIN, "docnmt-translate"), f"--workdir={workdir}", "--interactive"]
-        + GREEDY,
+        [os.path.join(BIN, "docnmt-translate"), f"--workdir={workdir}", "--interactive"] + GREEDY,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -493,7 +493,6 @@ def read_corpus(paths: PathLike | Sequence[PathLike], fmt: str = "auto") -> list
     return read_maruf(ps[0], ps[1])
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Source-only input for translation (streamed).
 
