@@ -13,6 +13,14 @@ the WEB), one document per chapter; see :mod:`docnmt_jax.data.bible`. Needs the
 SWORD modules from ``apt-get install -y sword-text-sparv sword-text-web``.
 ``synthetic``: the synthetic context task (:mod:`docnmt_jax.data.synthetic`), with its
 context-dependence labels (``{split}.labels.jsonl``) beside the TSVs.
+``pronoun_sets``: the Spanish→English pronoun contrastive sets (issue 64;
+:mod:`docnmt_jax.data.pronoun_set`) of es→en corpus TSVs (``--pronoun_input``, default the
+``test.tsv`` and ``dev.tsv`` found in ``--out``): ``NAME.pronouns.jsonl`` (gender), with
+``NAME.possessors.jsonl`` (possessor number) when it holds 50 balanced instances, and
+``NAME.pronoun_sets.json`` (counts) in ``--out``::
+
+    python launch/prepare_data.py --corpus pronoun_sets --out data/bible
+
 ``synthetic_long``: the long-document task (:mod:`docnmt_jax.data.synthetic_long`; 30-200
 sentences per document, dependencies across the 20-sentence chunk boundary), same files.
 
@@ -29,7 +37,9 @@ from collections.abc import Callable
 from absl import app, flags, logging
 
 from docnmt_jax import cli
-from docnmt_jax.data import bible, synthetic, synthetic_long
+from docnmt_jax.data import bible, pronoun_set, synthetic, synthetic_long
+from docnmt_jax.errors import RunNotFoundError
+from docnmt_jax.files import write_atomic
 
 FLAGS = flags.FLAGS
 
@@ -80,11 +90,38 @@ def _prepare_synthetic_long(out_dir: str) -> str:
     return "\n".join(lines)
 
 
+def _prepare_pronoun_sets(out_dir: str) -> str:
+    """Builds the pronoun contrastive sets of ``--pronoun_input`` in ``out_dir``."""
+    inputs = FLAGS.pronoun_input or [
+        p for p in (os.path.join(out_dir, f"{s}.tsv") for s in ("test", "dev")) if os.path.exists(p)
+    ]
+    evidence = FLAGS.pronoun_evidence
+    if evidence is None:
+        evidence = [p for p in [os.path.join(out_dir, "train.tsv")] if os.path.exists(p)]
+    missing = [p for p in [*inputs, *evidence] if not os.path.exists(p)]
+    if missing or not inputs:
+        raise RunNotFoundError(
+            f"{missing[0]}: no such corpus TSV"
+            if missing
+            else f"{out_dir}: no test.tsv or dev.tsv to build pronoun sets from (--pronoun_input)"
+        )
+    os.makedirs(out_dir, exist_ok=True)
+    summaries = []
+    for tsv in inputs:
+        name = os.path.splitext(os.path.basename(tsv))[0]
+        prefix = os.path.join(out_dir, name)
+        stats = pronoun_set.build_sets(tsv, prefix, evidence, FLAGS.pronoun_chunk, FLAGS.seed)
+        write_atomic(f"{prefix}.pronoun_sets.json", json.dumps(stats, indent=2) + "\n")
+        summaries.append(pronoun_set.format_stats(stats, tsv))
+    return "\n".join(summaries)
+
+
 #: corpus name -> function(out_dir) that writes the corpus and returns a stats summary.
 CORPORA: dict[str, Callable[[str], str]] = {
     "bible": _prepare_bible,
     "synthetic": _prepare_synthetic,
     "synthetic_long": _prepare_synthetic_long,
+    "pronoun_sets": _prepare_pronoun_sets,
 }
 
 flags.DEFINE_enum("corpus", "bible", list(CORPORA), "Which corpus to prepare.")
@@ -107,6 +144,17 @@ flags.DEFINE_integer(
 )
 flags.DEFINE_integer(
     "synthetic_long_test_documents", 300, "Test documents (synthetic_long).", lower_bound=0
+)
+flags.DEFINE_list(
+    "pronoun_input", [], "pronoun_sets: es->en corpus TSVs (default: OUT/test.tsv, OUT/dev.tsv)."
+)
+flags.DEFINE_list(
+    "pronoun_evidence",
+    None,
+    "pronoun_sets: more TSVs whose sources tell verbs after la/lo (default: OUT/train.tsv).",
+)
+flags.DEFINE_integer(
+    "pronoun_chunk", 20, "pronoun_sets: the model's chunk (sentences) for in_chunk.", lower_bound=2
 )
 flags.mark_flag_as_required("out")
 
