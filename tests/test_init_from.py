@@ -448,3 +448,42 @@ def test_resuming_a_finetune_never_applies_init_from_again(
     for path, value in own.items():
         np.testing.assert_array_equal(seen[path], value, err_msg=path)
     assert not np.array_equal(seen["embed/embedding"], pretrain["embed/embedding"])
+
+
+def test_init_from_a_release_reads_the_parameters_the_checkpoint_holds(
+    synthetic_dir, pretrained, tmp_path
+):
+    """A release of the pretrained run (``docnmt-export``) initialises FINAL exactly as the
+    run's checkpoint does, read directly with Orbax; its tokenizer is the release's own, a
+    parameter set it does not hold and ``init_from_which`` are one-line errors, and a
+    corrupted ``params.npz`` is refused by its sha256."""
+    from docnmt_jax.commands import export as export_command
+    from docnmt_jax.export import release
+
+    out = str(tmp_path / "release")
+    export_command.main(["--workdir", pretrained, "--out", out])
+    assert release.read_manifest(out)["parameter_set"] == "raw"
+    config, model, fresh = _final_model(synthetic_dir, pretrained)
+    saved = _read_params(_only_step(os.path.join(pretrained, "best")))
+    config.init_from, config.init_from_rules = out, "all"
+    for which in ("auto", "params"):
+        config.init_from_params = which
+        params, rows, state_dir = param_mapping.init_from_checkpoint(config, model, fresh)
+        got = _flat(jax.device_get(params))
+        for path, source in FINAL_FROM_TRANSFORMER.items():
+            np.testing.assert_array_equal(got[path], saved[source], err_msg=f"{which} {path}")
+        assert state_dir == os.path.abspath(out)
+    assert param_mapping.checkpoint_dir(config) == os.path.abspath(out)
+    assert param_mapping.source_tokenizer(out) == os.path.join(out, "spm.model")
+    config.init_from_params = "ema"
+    with pytest.raises(ConfigError, match="holds only its params"):
+        param_mapping.init_from_checkpoint(config, model, fresh)
+    config.init_from_params, config.init_from_which = "auto", "latest"
+    with pytest.raises(param_mapping.InitFromError, match="applies to a workdir only"):
+        param_mapping.checkpoint_dir(config)
+    config.init_from_which = "best"
+    with open(os.path.join(out, "params.npz"), "r+b") as f:
+        f.seek(-64, os.SEEK_END)
+        f.write(b"\0" * 64)
+    with pytest.raises(Exception, match="sha256"):
+        param_mapping.init_from_checkpoint(config, model, fresh)

@@ -32,6 +32,12 @@ subtree (never the optimiser state), each straight onto the sharding of the para
 fills, so a checkpoint written on one mesh initialises a run on any other.
 ``init_from_params = "ema"`` reads the run's exponential moving average of its parameters
 instead (what its translations use), ``"auto"`` the EMA where the run keeps one.
+
+``init_from`` may also name a release directory (``docnmt-export``,
+:mod:`docnmt_jax.export.release`): its one parameter set (``init_from_params`` must be
+``auto`` or that set: ``ema``, or ``params`` for a release of raw parameters) is read from
+``params.npz`` after its sha256 is checked against the manifest, and its ``spm.model`` is the
+tokenizer, so a finetune starts from a committed release on a machine without the run.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from docnmt_jax.errors import ConfigError
+from docnmt_jax.export import release as release_lib
 from docnmt_jax.files import atomic_open
 from docnmt_jax.models.base import ModelError
 from docnmt_jax.models.contract import PretrainMapping, require
@@ -251,7 +258,15 @@ def plan(
 
 def checkpoint_dir(config: Any) -> str:
     """The ``state`` directory ``config.init_from`` names (``init_from_which`` in a
-    workdir), or :class:`InitFromError`."""
+    workdir), the release directory it names, or :class:`InitFromError`."""
+    if release_lib.is_release(config.init_from):
+        which = str(config.get("init_from_which", "best"))
+        if which != "best":
+            raise InitFromError(
+                f"init_from={config.init_from} is a release (one parameter set): "
+                f"init_from_which={which!r} applies to a workdir only"
+            )
+        return os.path.abspath(config.init_from)
     try:
         return checkpoints.resolve_state_dir(
             config.init_from, str(config.get("init_from_which", "best"))
@@ -262,7 +277,11 @@ def checkpoint_dir(config: Any) -> str:
 
 def source_tokenizer(state_dir: str) -> str | None:
     """The sentencepiece model of the run that wrote ``state_dir`` (its ``config.json``'s
-    ``data.tokenizer``, else its ``spm.model``), or None when no run directory is found."""
+    ``data.tokenizer``, else its ``spm.model``; a release's own ``spm.model``, checked against
+    its manifest), or None when no run directory is found."""
+    if release_lib.is_release(state_dir):
+        manifest = release_lib.read_manifest(state_dir)
+        return release_lib.check_file(state_dir, manifest, release_lib.TOKENIZER_FILE)
     directory = os.path.abspath(state_dir)
     for _ in range(4):  # state -> step -> best|checkpoints -> workdir
         directory = os.path.dirname(directory)
@@ -294,6 +313,11 @@ def checkpoint_parameters(
     ``auto`` (the EMA where kept, as translation reads a run)."""
     if which not in ("params", "ema", "auto"):
         raise ConfigError(f"init_from_params must be params, ema or auto, got {which!r}")
+    if release_lib.is_release(state_dir):
+        return (), {
+            path: jax.ShapeDtypeStruct(array.shape, array.dtype)
+            for path, array in release_parameters(state_dir, which).items()
+        }
     metadata = ocp.PyTreeCheckpointHandler().metadata(epath.Path(state_dir))
     tree = getattr(metadata, "tree", metadata)
     has_ema = isinstance(tree.get("ema"), Mapping)
@@ -306,13 +330,37 @@ def checkpoint_parameters(
     return prefix, _flatten_metadata(tree)
 
 
+def release_parameters(directory: str, which: str) -> dict[str, np.ndarray]:
+    """The flat parameters of the release in ``directory`` (sha256 checked), when
+    ``init_from_params`` (``which``) is ``auto`` or the release's own set."""
+    manifest = release_lib.read_manifest(directory)
+    own = {"raw": "params"}.get(manifest["parameter_set"], manifest["parameter_set"])
+    if which not in ("auto", own):
+        raise ConfigError(
+            f"init_from_params={which}: the release {directory} holds only its {own} "
+            "parameters (init_from_params=auto or " + own + ")"
+        )
+    return release_lib.read_params(directory, manifest)
+
+
 def read_parameters(
     state_dir: str, prefix: tuple[str, ...], targets: Mapping[str, jax.ShapeDtypeStruct]
 ) -> dict[str, jax.Array]:
     """The checkpoint arrays at ``targets``' paths (under ``prefix``), each restored with its
-    target's dtype and sharding by an Orbax partial restore: nothing else is read."""
+    target's dtype and sharding by an Orbax partial restore (nothing else is read); from a
+    release directory, its arrays placed on the targets' shardings."""
     if not targets:
         return {}
+    if release_lib.is_release(state_dir):
+        saved = release_parameters(state_dir, "auto")
+        return {
+            path: (
+                jax.device_put(saved[path].astype(t.dtype), t.sharding)
+                if t.sharding is not None
+                else saved[path].astype(t.dtype)
+            )
+            for path, t in targets.items()
+        }
     item: dict[str, Any] = {}
     for path, target in targets.items():
         node = item
