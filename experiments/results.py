@@ -23,10 +23,17 @@ column of the full one.
 ``--converged`` replaces the token budget: every row trains until ``--patience`` dev
 evaluations in a row (one every ``--eval_every_epochs`` of its own batches) bring no better
 dev BLEU, at most ``--max_epochs``, and its best checkpoint on dev is measured; finetune rows
-start from the best checkpoint (its EMA) of seed 0's sentence Transformer, and their control
-``transformer_continued`` trains as many real target tokens as the longest-trained of them
+start from the best checkpoint (its EMA) of seed 0's sentence Transformer -- from its committed
+release ``releases/bible-transformer`` once it exists (``--init_release``) -- and their
+control ``transformer_continued`` trains as many real target tokens as the longest-trained
+FINAL row; FINAL finetuned and the control over every ``--seeds``
 (:data:`~experiments.results_rows.CONVERGED_ROWS`; report ``docs/results_converged.md``,
 run directory ``runs/results_converged``).
+
+``--init_release ROW=DIR[,ROW=DIR]``: rows that start from ``ROW`` start from the release in
+``DIR`` (``docnmt-export``) instead of ``ROW``'s run, and ``ROW`` is reported from its saved
+records, never trained again. Default with ``--converged``:
+``transformer=releases/bible-transformer`` when that release exists; ``''``: none.
 """
 
 from __future__ import annotations
@@ -43,7 +50,14 @@ from docnmt_jax import cli  # noqa: E402
 from docnmt_jax.errors import ConfigError  # noqa: E402
 from docnmt_jax.files import log_line  # noqa: E402
 from experiments import results_run  # noqa: E402
-from experiments.results_rows import CONVERGED_ROWS, QUICK_ROWS, Row, select_rows  # noqa: E402
+from experiments.results_rows import (  # noqa: E402
+    CONVERGED_ROWS,
+    CONVERGED_SEEDED,
+    QUICK_ROWS,
+    SEEDED,
+    Row,
+    select_rows,
+)
 from experiments.results_stages import STAGES, Settings, quick_settings  # noqa: E402
 
 
@@ -75,6 +89,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--eval_every_epochs", type=float, default=0.5, help="--converged: between dev BLEUs"
     )
     p.add_argument("--max_epochs", type=float, default=40.0, help="--converged: at most")
+    p.add_argument(
+        "--init_release",
+        help="ROW=DIR[,ROW=DIR]: rows starting from ROW start from the release DIR (default "
+        "with --converged: transformer=releases/bible-transformer when it exists; '': none)",
+    )
     p.add_argument("--beam", type=int)
     p.add_argument("--draws", type=int, help="random-context draws for Delta_BLEU")
     p.add_argument("--synthetic_steps", type=int)
@@ -104,6 +123,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             eval_every_epochs=args.eval_every_epochs,
             max_epochs=args.max_epochs,
         )
+    settings = dataclasses.replace(settings, released=released_rows(args))
     changes = {
         k: getattr(args, k)
         for k in ("base_steps", "beam", "draws", "synthetic_steps")
@@ -112,14 +132,43 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return dataclasses.replace(settings, **changes)
 
 
+#: The release the converged finetune rows start from once it is committed.
+BASE_RELEASE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "releases", "bible-transformer"
+)
+
+
+def released_rows(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """``--init_release`` as ``(row, absolute directory)`` pairs, each a release."""
+    from docnmt_jax.export import release as release_lib
+
+    text = args.init_release
+    if text is None:
+        use_base = args.converged and not args.quick and release_lib.is_release(BASE_RELEASE)
+        text = f"transformer={BASE_RELEASE}" if use_base else ""
+    pairs = []
+    for part in (p for p in text.split(",") if p):
+        row, sep, directory = part.partition("=")
+        if not sep or not row or not directory:
+            raise ConfigError(f"--init_release: {part!r} is not ROW=DIR")
+        if not release_lib.is_release(directory):
+            raise ConfigError(f"--init_release: {directory} is not a release (no release.json)")
+        pairs.append((row, os.path.abspath(directory)))
+    return tuple(pairs)
+
+
 def chosen_rows(args: argparse.Namespace, settings: Settings) -> tuple[list[Row], set[str]]:
     """The rows this run reports (an extra row only when named, or once it is trained) and
     the names of the rows trained already (here or in the committed report)."""
     seeds = [int(s) for s in args.seeds.split(",") if s]
+    seeded = CONVERGED_SEEDED if settings.converged else SEEDED
+    every_seed = [f"{n}_seed{s}" for n in seeded for s in seeds if s != 0]
     names = args.rows or (
-        ",".join(QUICK_ROWS) if settings.quick else ",".join(CONVERGED_ROWS) * settings.converged
+        ",".join(QUICK_ROWS)
+        if settings.quick
+        else ",".join([*CONVERGED_ROWS, *every_seed]) * settings.converged
     )
-    row_list = select_rows(names, seeds if not settings.quick else [0], extras=True)
+    row_list = select_rows(names, seeds if not settings.quick else [0], True, seeded)
     committed = results_run.committed_rows(results_run.doc_path(args, settings))
     trained = {
         r.name

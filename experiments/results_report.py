@@ -18,7 +18,7 @@ from typing import Any
 
 from docnmt_jax.errors import ConfigError
 from docnmt_jax.files import write_atomic
-from experiments.results_rows import CONTROL, SEEDED, Row
+from experiments.results_rows import CONTROL, CONVERGED_SEEDED, SEEDED, Row
 from experiments.results_significance import significance_lines
 from experiments.results_stages import Plan, Settings, row_complete
 
@@ -54,6 +54,10 @@ def row_numbers(record: dict[str, Any]) -> dict[str, Any]:
         "steps": t.get("steps"),
         "epochs": t.get("epochs"),
         "wall_minutes": (t.get("wall_seconds") or 0) / 60 if t else None,
+        "train_tokens_m": t["steps"] * t["tokens_per_step"] / 1e6
+        if t.get("steps") and t.get("tokens_per_step")
+        else None,
+        "cpu_hours": t["cpu_seconds"] / 3600 if t.get("cpu_seconds") else None,
     }
 
 
@@ -135,6 +139,38 @@ def goals(numbers: dict[str, dict[str, Any]], row_list: Sequence[Row]) -> list[s
     return lines
 
 
+#: The converged comparison's goal: a document model over its same-token control.
+GOAL_CONVERGED_S, GOAL_CONVERGED_D, GOAL_P = 1.0, 1.5, 0.05
+
+
+def converged_goals(numbers: dict[str, dict[str, Any]], paired: dict[str, Any]) -> list[str]:
+    """The converged goal per document model (its seeds together): every seed pair ≥
+    +1.0 s-BLEU and ≥ +1.5 d-BLEU over its control with Holm-corrected p < 0.05 (paired
+    bootstrap, the larger of the two metrics' p)."""
+    by_model: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for name, r in paired.items():
+        if "holm" in r:
+            by_model.setdefault(name.split("_seed")[0], []).append((name, r))
+    lines = []
+    for model, pairs in by_model.items():
+        cells, met = [], True
+        for name, r in pairs:
+            ds = r["bs"]["s_bleu"]["system"] - r["bs"]["s_bleu"]["baseline"]
+            dd = r["bs"]["d_bleu"]["system"] - r["bs"]["d_bleu"]["baseline"]
+            p = max(r["holm"]["bs"]["s_bleu"], r["holm"]["bs"]["d_bleu"])
+            met = met and ds >= GOAL_CONVERGED_S and dd >= GOAL_CONVERGED_D and p < GOAL_P
+            cells.append(f"{name} vs {r['control']}: {ds:+.2f} / {dd:+.2f}, Holm p {p:.4f}")
+        lines.append(
+            f"- {model} ≥ +{GOAL_CONVERGED_S} s-BLEU and ≥ +{GOAL_CONVERGED_D} d-BLEU over its "
+            f"control, Holm p < {GOAL_P}, in each of {len(pairs)} seed pair(s): "
+            + ("holds" if met else "does not hold")
+            + " ("
+            + "; ".join(cells)
+            + ")"
+        )
+    return lines
+
+
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("s_bleu", "s-BLEU", ".2f"),
     ("d_bleu", "d-BLEU", ".2f"),
@@ -150,7 +186,9 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("synthetic", "synthetic acc.", ".3f"),
     ("steps", "steps", ",d"),
     ("epochs", "epochs", ".2f"),
+    ("train_tokens_m", "train tokens (M)", ".2f"),
     ("wall_minutes", "train min", ".1f"),
+    ("cpu_hours", "train CPU h", ".2f"),
 )
 
 
@@ -195,7 +233,7 @@ def report(
     add_ratios(numbers)
     lines = [header, "", markdown_table(row_list, numbers), ""]
     lines.append("**Seed spread** (mean ± sample standard deviation over seeds):")
-    for base in SEEDED:
+    for base in CONVERGED_SEEDED if settings.converged else SEEDED:
         cells = []
         for key, title in (("s_bleu", "s-BLEU"), ("d_bleu", "d-BLEU"), ("chrf", "chrF")):
             mean, sd = seed_spread(numbers, base, key)
@@ -204,7 +242,10 @@ def report(
         lines.append(f"- {base} ({seeds} seed{'s' if seeds != 1 else ''}): " + ", ".join(cells))
     lines += ["", "**Paired significance against the same-token control:**", ""]
     lines += significance_lines(paired or {})
-    lines += ["", "**Quality goals**:"] + (goals(numbers, row_list) or ["- not measured yet"])
+    quality = goals(numbers, row_list) + (
+        converged_goals(numbers, paired or {}) if settings.converged else []
+    )
+    lines += ["", "**Quality goals**:"] + (quality or ["- not measured yet"])
     signatures = next(
         (
             records[r.name]["measure"]["scores"]
@@ -256,6 +297,14 @@ def recipe_words(settings: Settings) -> str:
     )
 
 
+def shown_path(path: str) -> str:
+    """``path`` relative to the repository when inside it (a report names no machine's
+    directories)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rel = os.path.relpath(path, root)
+    return path if rel.startswith("..") else rel
+
+
 def budget_words(settings: Settings, plan: Plan) -> str:
     """The header's paragraph on how long every row trains and which checkpoint is measured."""
     shared = (
@@ -270,11 +319,22 @@ def budget_words(settings: Settings, plan: Plan) -> str:
             f"{settings.eval_every_epochs:g} epoch of its own batches) bring no better dev "
             f"BLEU (greedy, the parameters' EMA), at most {settings.max_epochs:g} epochs; the "
             "checkpoint with the best dev BLEU is measured (nothing is chosen on test). "
-            "Pretrain→finetune rows start from the best checkpoint of the seed-0 sentence "
-            "Transformer; their control (`transformer_continued`) starts from the same "
-            "checkpoint and trains, without early stopping, for as many real target tokens "
-            "as the longest-trained finetune row, its checkpoint chosen on dev within them. "
-            + shared
+            "Pretrain→finetune rows start from the best checkpoint (its EMA) of the seed-0 "
+            "sentence Transformer"
+            + (
+                " as committed in its release ("
+                + ", ".join(shown_path(d) for _, d in settings.released)
+                + "; that row is reported from its saved records)"
+                if settings.released
+                else ""
+            )
+            + "; their control (`transformer_continued`) starts from the same parameters "
+            "and trains, without early stopping, for as many real target tokens as the "
+            "longest-trained FINAL row, its checkpoint chosen on dev within them. FINAL "
+            "finetuned and the control are trained with each seed (the seed sets data order, "
+            "dropout and FINAL's new parameters), seed k tested against the control of seed "
+            "k. FINAL from scratch, Table 3 and the RNN rows stay at the token budget "
+            "([`results.md`](results.md)). " + shared
         )
     budget = settings.base_steps * plan.reference_tokens_per_step
     return (

@@ -10,13 +10,14 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 import traceback
 
 from docnmt_jax.data import readers
 from docnmt_jax.data.documents import write_tsv
-from docnmt_jax.errors import RunNotFoundError
+from docnmt_jax.errors import ConfigError, RunNotFoundError
 from docnmt_jax.files import read_record, write_atomic, write_record
 from docnmt_jax.training.budget import tokens_per_step
 from experiments.results_report import header, report, update_readme
@@ -84,6 +85,7 @@ def prepare(args: argparse.Namespace, settings: Settings) -> Plan:
     train_docs = data_setup.load_documents(data, "train")
     tokenizer_path = os.path.join(settings.out, "spm.model")
     os.makedirs(settings.out, exist_ok=True)
+    use_release_tokenizer(settings, tokenizer_path)
     tokenizer = get_or_train_tokenizer(tokenizer_path, train_docs, vocab_size=settings.vocab_size)
     reference = row_config(rows()[0], settings, 1, tokenizer_path)
     ref_tokens, epoch = tokens_per_step(reference, tokenizer)
@@ -98,6 +100,26 @@ def prepare(args: argparse.Namespace, settings: Settings) -> Plan:
     stand_in = os.path.exists(os.path.join(settings.data_dir, "test.labels.jsonl"))
     corpus = "synthetic" if stand_in else "Bible"
     return Plan(tokenizer_path, ref_tokens, epoch, test, synthetic_dir, corpus)
+
+
+def use_release_tokenizer(settings: Settings, tokenizer_path: str) -> None:
+    """The shared tokenizer of a run whose rows start from releases: the releases' own
+    ``spm.model`` (copied to ``tokenizer_path`` on first use; a different one there, or
+    releases with different tokenizers, is an error: finetuning must keep the pieces)."""
+    from docnmt_jax.export import release as release_lib
+
+    digests = set()
+    for _, directory in settings.released:
+        manifest = release_lib.read_manifest(directory)
+        source = release_lib.check_file(directory, manifest, release_lib.TOKENIZER_FILE)
+        digests.add(release_lib.sha256(source))
+        if not os.path.exists(tokenizer_path):
+            shutil.copyfile(source, tokenizer_path)
+    if digests and (len(digests) > 1 or release_lib.sha256(tokenizer_path) not in digests):
+        raise ConfigError(
+            f"{tokenizer_path}: not the tokenizer of the releases "
+            f"{', '.join(d for _, d in settings.released)} (use a new --out)"
+        )
 
 
 def row_steps(row: Row, settings: Settings, plan: Plan) -> float:
@@ -119,7 +141,8 @@ def load_records(row_list: list[Row], settings: Settings, budget: dict) -> dict:
         for stage in STAGES:
             saved = read_record(os.path.join(settings.row_dir(row.name), f"{stage}.json"))
             inputs = stage_inputs(stage, row, settings, budget[row.name][0])
-            if saved is not None and saved.get("inputs") == inputs:
+            frozen = bool(settings.release_of(row.name))  # its release's records, as saved
+            if saved is not None and (frozen or saved.get("inputs") == inputs):
                 records[row.name][stage] = saved
     return records
 
@@ -165,7 +188,7 @@ def run_rows(
     returns the failed stages."""
     failures: list[str] = []
     for row in row_list:
-        if row.name not in budget:
+        if row.name not in budget or settings.release_of(row.name):  # a release: as saved
             on_stage(len(STAGES))
             continue
         steps, per_step = budget[row.name]
@@ -181,7 +204,7 @@ def run_rows(
         def train(
             row: Row = row, steps: int = steps, per_step: float = per_step, every: int = eval_every
         ) -> dict:
-            if row.init_from:
+            if row.init_from and not settings.release_of(row.init_from):
                 wait_for(row, settings)
             record = train_row(row, settings, steps, plan.tokenizer_path, every)
             record["tokens_per_step"] = per_step
@@ -287,7 +310,13 @@ def restore_records(doc: str, row_list: list[Row], settings: Settings, budget: d
         saved = {r["name"]: r.get("records", {}) for r in json.load(f).get("rows", [])}
     # A row another row still has to start from needs its checkpoints: its training is not
     # restored (it trains again; its measured records, which match, are kept).
-    bases = {r.init_from for r in row_list if r.init_from and "params" not in saved.get(r.name, {})}
+    bases = {
+        r.init_from
+        for r in row_list
+        if r.init_from
+        and "params" not in saved.get(r.name, {})
+        and not settings.release_of(r.init_from)
+    }
     count = 0
     for row in row_list:
         if row.name not in budget:

@@ -21,6 +21,7 @@ from typing import Any
 from docnmt_jax.data.documents import Document
 from docnmt_jax.evaluation import significance
 from docnmt_jax.evaluation.metrics import TextDocument, align_documents, read_hypotheses
+from docnmt_jax.evaluation.multiple_testing import holm_by_key
 
 #: Rows that are controls (never tested) or have no sentence control of their kind.
 SENTENCE_ROWS = ("transformer", "transformer_continued", "rnnsearch")
@@ -34,8 +35,9 @@ def control_of(row: Any, names: Sequence[str]) -> str | None:
         return None
     if row.name == "rnnsearch_hmgdc":
         control = "rnnsearch"
-    elif row.init_from:
-        control = "transformer_continued"
+    elif row.init_from:  # seed k's finetune against seed k's control, where it exists
+        seeded = f"transformer_continued_seed{row.seed}"
+        control = seeded if row.seed and seeded in names else "transformer_continued"
     else:
         control = "transformer" + (f"_seed{row.seed}" if row.seed else "")
     return control if control in names else None
@@ -81,21 +83,35 @@ def paired_rows(
     return out
 
 
+def add_holm(paired: dict[str, dict[str, Any]]) -> None:
+    """Adds ``holm`` (``{test: {metric: adjusted p}}``) to every row of ``paired``: Holm's
+    correction over the rows (the family: every document row tested), one family per test
+    (bs, ar) and metric (s-BLEU, d-BLEU)."""
+    for test in ("bs", "ar"):
+        for key in ("s_bleu", "d_bleu"):
+            raw = {name: r[test][key]["p_value"] for name, r in paired.items()}
+            for name, adjusted in holm_by_key(raw).items():
+                paired[name].setdefault("holm", {}).setdefault(test, {})[key] = adjusted
+
+
 def significance_lines(paired: dict[str, dict[str, Any]]) -> list[str]:
-    """The report's section: one line per tested row, the number of comparisons stated."""
+    """The report's section: one line per tested row, raw and Holm-corrected p-values."""
     if not paired:
         return ["- not measured yet (a row and its control need their test translations)"]
+    add_holm(paired)
     any_row = next(iter(paired.values()))
     lines = [
         f"{len(paired)} comparisons, each a document row against its same-token control on "
         f"the test books ({any_row['sentences']:,} verses, {any_row['documents']} chapters); "
         "p-values of sacreBLEU's paired bootstrap (bs, 1,000 resamples) and approximate "
-        "randomisation (ar, 10,000 trials), not corrected for the number of comparisons "
-        "(Bonferroni at 0.05 would need p < "
-        f"{0.05 / len(paired):.4f}). Scratch rows against the Transformer of the same seed, "
-        "finetuned rows against the Transformer continued for the same tokens.",
+        "randomisation (ar, 10,000 trials), raw and, in brackets, corrected by Holm's "
+        f"step-down procedure over the {len(paired)} rows (one family per test and metric). "
+        "Scratch rows against the Transformer of the same seed, finetuned rows against the "
+        "Transformer continued for the same tokens (seed k against the control of seed k "
+        "where it exists).",
         "",
-        "| row | control | Δ s-BLEU | p bs | p ar | Δ d-BLEU | p bs | p ar |",
+        "| row | control | Δ s-BLEU | p bs (Holm) | p ar (Holm) | Δ d-BLEU | p bs (Holm) | "
+        "p ar (Holm) |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in paired.items():
@@ -104,8 +120,8 @@ def significance_lines(paired: dict[str, dict[str, Any]]) -> list[str]:
             bs, ar = r["bs"][key], r["ar"][key]
             cells += [
                 f"{bs['system'] - bs['baseline']:+.2f}",
-                f"{bs['p_value']:.4f}",
-                f"{ar['p_value']:.4f}",
+                f"{bs['p_value']:.4f} ({r['holm']['bs'][key]:.4f})",
+                f"{ar['p_value']:.4f} ({r['holm']['ar'][key]:.4f})",
             ]
         lines.append(f"| `{name}` | `{r['control']}` | " + " | ".join(cells) + " |")
     return lines

@@ -34,9 +34,11 @@ another on the same machine, so the ratios are sequential measurements, not inte
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+import resource
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import ml_collections
@@ -85,6 +87,10 @@ class Settings:
     patience: int = 0
     eval_every_epochs: float = 0.5
     max_epochs: float = 40.0
+    #: ``(row, release directory)`` pairs: rows starting from ``row`` (``Row.init_from``)
+    #: start from the release instead of its run (a committed base survives a new machine);
+    #: ``row`` itself is not trained or measured again, its saved records are reported
+    released: tuple[tuple[str, str], ...] = ()
 
     @property
     def converged(self) -> bool:
@@ -97,6 +103,10 @@ class Settings:
 
     def row_dir(self, row: str) -> str:
         return os.path.join(self.out, "rows", row)
+
+    def release_of(self, row: str) -> str:
+        """The release directory that stands for ``row`` ('' for none)."""
+        return dict(self.released).get(row, "")
 
 
 def quick_settings(out: str, data_dir: str) -> Settings:
@@ -157,9 +167,10 @@ def row_config(
     config.train.log_every = max(min(50, steps // 4), 1)
     config.train.aot_compile = settings.aot_compile
     if row.init_from:
-        config.init_from = settings.row_dir(row.init_from)
-        config.init_from_which = settings.checkpoint
-        if settings.converged:  # the parameters its translations use: the EMA where kept
+        release = settings.release_of(row.init_from)
+        config.init_from = release or settings.row_dir(row.init_from)
+        config.init_from_which = "best" if release else settings.checkpoint
+        if settings.converged or release:  # the parameters its translations use: the EMA where kept
             config.init_from_params = "auto"
     for key, value in row.overrides:  # last: a row's own setting is never overwritten
         set_key(config, key, value)
@@ -180,7 +191,8 @@ def train_row(
 
     workdir = settings.row_dir(row.name)
     config = row_config(row, settings, steps, tokenizer_path, eval_every)
-    result = trainer.train_and_evaluate(config, workdir, dev_hook=dev_bleu_hook(config))
+    with cpu_time(os.path.join(workdir, "cpu_seconds.json")) as cpu:
+        result = trainer.train_and_evaluate(config, workdir, dev_hook=dev_bleu_hook(config))
     if result.step < steps and result.stopped_by != "patience":  # a signal: resumes
         raise KeyboardInterrupt(f"{row.name}: training stopped at step {result.step}")
     record = {
@@ -188,8 +200,48 @@ def train_row(
         "stopped_by": result.stopped_by,
         "dev": result.dev_metrics,
         **train_speed(os.path.join(workdir, "train.log")),  # wall_seconds: every session's
+        "cpu_seconds": cpu["seconds"],  # every session's, this process's threads
+        "code": code_version(),
     }
     return record
+
+
+@contextlib.contextmanager
+def cpu_time(path: str) -> Iterator[dict[str, float]]:
+    """Adds this process's CPU seconds (user + system, every thread) spent inside the block to
+    the total kept in ``path``, also when the block is left by a signal; yields the mapping
+    whose ``seconds`` holds the total once the block is done."""
+    saved = read_record(path) or {"seconds": 0.0}
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    try:
+        yield saved
+    finally:
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        saved["seconds"] = float(saved["seconds"]) + used
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_record(path, saved)
+
+
+def code_version() -> str:
+    """The commit of the checkout this runner runs from (``+dirty`` when files differ), or
+    ``unknown`` outside a git checkout."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(
+            ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
 
 
 def measure_row(
@@ -398,6 +450,7 @@ def stage_inputs(stage: str, row: Row, settings: Settings, steps: int) -> dict[s
             "overrides": [list(o) for o in row.overrides],
             "seed": row.seed,
             "recipe": training_recipe(row_config(row, settings, steps, "")),
+            **release_input(row, settings),
             **(
                 {"patience": settings.patience, "eval_every_epochs": settings.eval_every_epochs}
                 if settings.converged
@@ -416,6 +469,18 @@ def stage_inputs(stage: str, row: Row, settings: Settings, steps: int) -> dict[s
         lower = {"lr_factor": row.lr_factor} if row.lr_factor != 1.0 else {}
         return {"steps": settings.synthetic_steps, **lower}
     return {"steps": steps}
+
+
+def release_input(row: Row, settings: Settings) -> dict[str, Any]:
+    """A train input naming the release ``row`` starts from by its parameters' sha256 (none
+    when it starts from a run)."""
+    release = settings.release_of(row.init_from) if row.init_from else ""
+    if not release:
+        return {}
+    from docnmt_jax.export import release as release_lib
+
+    manifest = release_lib.read_manifest(release)
+    return {"init_release": manifest["files"][release_lib.PARAMS_FILE]["sha256"]}
 
 
 def run_stage(

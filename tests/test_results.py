@@ -522,11 +522,15 @@ def test_the_converged_budget_stops_on_dev_bleu_and_its_control_matches_tokens(t
     assert results_stages.row_config(control, settings, 900, "", eval_every=550).train.patience == 0
     inputs = results_stages.stage_inputs("train", finetuned, settings, 4000)
     assert inputs["patience"] == 3
-    # The control's steps hold the most tokens any finetune row trained: rows of 1,000 and
-    # 2,500 real tokens a step trained 300 and 200 steps (300,000 and 500,000 tokens), so at
-    # 1,024 tokens a step the control needs ceil(500,000 / 1,024) = 489 steps.
+    # The control's steps hold the most tokens any FINAL finetune seed trained: seeds of 1,000
+    # and 2,500 real tokens a step trained 300 and 200 steps (300,000 and 500,000 tokens), so
+    # at 1,024 tokens a step the control needs ceil(500,000 / 1,024) = 489 steps.
     assert results_run.same_token_steps(control, settings, 1024.0) == 0  # none trained yet
-    for name, steps, per_step in (("final_finetuned", 300, 1000.0), ("doct_two_step", 200, 2500.0)):
+    for name, steps, per_step in (
+        ("final_finetuned", 300, 1000.0),
+        ("final_finetuned_seed1", 200, 2500.0),
+        ("doct_two_step", 900, 2500.0),  # not a FINAL row: the control does not match it
+    ):
         os.makedirs(settings.row_dir(name))
         files.write_record(
             os.path.join(settings.row_dir(name), "train.json"),
