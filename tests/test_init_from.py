@@ -461,8 +461,12 @@ def test_init_from_a_release_reads_the_parameters_the_checkpoint_holds(
     from docnmt_jax.export import release
 
     out = str(tmp_path / "release")
-    export_command.main(["--workdir", pretrained, "--out", out])
-    assert release.read_manifest(out)["parameter_set"] == "raw"
+    record = tmp_path / "training.json"
+    record.write_text('{"commit": "abc123", "steps": 2}')
+    export_command.main(["--workdir", pretrained, "--out", out, "--training_record", str(record)])
+    manifest = release.read_manifest(out)
+    assert manifest["parameter_set"] == "raw"
+    assert manifest["training"] == {"commit": "abc123", "steps": 2}
     config, model, fresh = _final_model(synthetic_dir, pretrained)
     saved = _read_params(_only_step(os.path.join(pretrained, "best")))
     config.init_from, config.init_from_rules = out, "all"
@@ -487,3 +491,47 @@ def test_init_from_a_release_reads_the_parameters_the_checkpoint_holds(
         f.write(b"\0" * 64)
     with pytest.raises(Exception, match="sha256"):
         param_mapping.init_from_checkpoint(config, model, fresh)
+
+
+def test_release_row_exports_a_results_row_with_its_training_record(pretrained, tmp_path):
+    """``experiments/release_row.py`` on a results row (the pretrained run as its workdir):
+    the manifest records the commit, steps, tokens, the dev metrics train.log logged at the
+    best step and the test scores of the row's measure record; too large a release is
+    refused and removed."""
+    import shutil
+
+    sys.path.insert(0, ROOT)
+    from docnmt_jax.errors import UserError
+    from docnmt_jax.export import release
+    from docnmt_jax.files import write_record
+    from experiments import release_row
+
+    workdir = tmp_path / "run" / "rows" / "transformer"
+    shutil.copytree(pretrained, workdir)
+    write_record(
+        str(workdir / "train.json"),
+        {"steps": 2, "tokens_per_step": 100.5, "stopped_by": "patience", "code": "abc"},
+    )
+    write_record(
+        str(workdir / "measure.json"),
+        {"scores": {"s_bleu": {"score": 25.5, "signature": "sig"}}, "inputs": {"beam": 5}},
+    )
+    out = str(tmp_path / "releases" / "tiny")
+    release_row.main(["--run_dir", str(tmp_path / "run"), "--row", "transformer", "--out", out])
+    training = release.read_manifest(out)["training"]
+    step = int(os.listdir(workdir / "best")[0])
+    logged = [ln for ln in open(workdir / "train.log") if f" step={step} dev_loss=" in ln]
+    dev_loss = float(logged[-1].split("dev_loss=")[1].split()[0])
+    assert training["dev_at_chosen_step"]["dev_loss"] == pytest.approx(dev_loss)
+    assert (training["commit"], training["chosen_step"], training["steps_trained"]) == (
+        "abc",
+        step,
+        2,
+    )
+    assert training["target_tokens_trained"] == 201 and training["test"]["s_bleu"] == 25.5
+    with pytest.raises(UserError, match="over --max_mib"):
+        release_row.main(
+            ["--run_dir", str(tmp_path / "run"), "--row", "transformer", "--out", out + "2"]
+            + ["--max_mib", "0.01"]
+        )
+    assert not os.path.exists(out + "2")

@@ -440,7 +440,11 @@ def test_the_least_recently_used_document_is_evicted():
         cache.commit(doc_id, None, f"{doc_id}1", f"t-{doc_id}1")
     assert cache.get("a").sources == ["a1"]  # a use: b is now the oldest
     cache.commit("c", None, "c1", "t-c1")
-    assert cache.get("b") is None and cache.evicted == 1
+    with pytest.raises(batching.RequestError) as error:  # never a silent restart at 0
+        cache.get("b")
+    assert error.value.status == 409 and "'b' was evicted" in error.value.message
+    assert cache.evicted == 1 and not cache.commit("b", None, "b2", "t-b2")
+    assert cache.delete("b") and cache.lookup("b")[0] is None  # DELETE: it may start again
     assert [cache.get(d).translations for d in ("a", "c")] == [["t-a1"], ["t-c1"]]
     stale, _ = cache.lookup("a")
     assert cache.delete("a") and not cache.delete("a")

@@ -5,6 +5,8 @@
         [--max_batch_wait_ms 5 --max_batch_sentences 64 --max_queue 64]
         [--max_request_bytes 1048576 --max_sentences 256]
         [--max_documents 1024 --max_document_sentences 1000 --request_timeout_s 300]
+        [--max_connections 128 --read_timeout_s 10]
+        [--allowed_hosts NAME,... --token_file FILE --insecure]
 
 Endpoints (docs/serving.md): ``POST /translate`` ``{"sentences": [...]}`` or ``{"documents":
 [[...], ...]}``; ``POST /documents/ID/next`` ``{"sentence": "..."}`` (the next sentence of a
@@ -17,7 +19,9 @@ The standard library's ``ThreadingHTTPServer`` with a batching worker thread
 (:mod:`docnmt_jax.serving`): no new dependency; the model call is the bottleneck and runs in
 one worker thread (JAX releases the GIL while it computes), so a faster web framework would
 gain nothing. The search options are the command's flags; a request carries only text. The
-server listens on 127.0.0.1 unless ``--host`` says otherwise: it has no authentication.
+server listens on 127.0.0.1 unless ``--host`` says otherwise; it checks every request's Host
+and Origin (403) and, with ``--token_file``, its bearer token (401). Binding an address other
+than loopback without a token is refused unless ``--insecure``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import os
 import signal
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from docnmt_jax import cli
 from docnmt_jax.errors import RunNotFoundError, UserError
@@ -75,7 +80,30 @@ def _parser() -> argparse.ArgumentParser:
         "--request_timeout_s",
         type=float,
         default=300.0,
-        help="a request waiting longer for its translation is answered 504",
+        help="a request waiting longer for its translation is answered 504 (and cancelled)",
+    )
+    p.add_argument(
+        "--max_connections",
+        type=int,
+        default=128,
+        help="open connections at most; one more is answered 503 as it is accepted",
+    )
+    p.add_argument(
+        "--read_timeout_s",
+        type=float,
+        default=10.0,
+        help="a request's line, headers and body must arrive within this (408)",
+    )
+    p.add_argument(
+        "--allowed_hosts",
+        default="",
+        help="Host names allowed besides the bound address and localhost (comma-separated; *: any)",
+    )
+    p.add_argument("--token_file", default="", help="a file holding the bearer token to require")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve a non-loopback --host without a token (behind a proxy that authenticates)",
     )
     return p
 
@@ -90,6 +118,8 @@ def _check(args: argparse.Namespace) -> None:
         "max_documents",
         "max_document_sentences",
         "request_timeout_s",
+        "max_connections",
+        "read_timeout_s",
     )
     for name in positive:
         if getattr(args, name) <= 0:
@@ -100,6 +130,16 @@ def _check(args: argparse.Namespace) -> None:
         raise UserError(f"--port={args.port}: must be between 0 and 65535")
     if not os.path.isdir(args.workdir):
         raise RunNotFoundError(f"--workdir={args.workdir}: no such directory")
+
+
+def _access(args: argparse.Namespace) -> Any:
+    """Who may talk to the server: the Host allow-list and the token (``--token_file``); a
+    non-loopback ``--host`` without a token is a one-line error unless ``--insecure``."""
+    from docnmt_jax.serving import guard
+
+    token = guard.read_token(args.token_file) if args.token_file else ""
+    guard.check_exposure(args.host, token, args.insecure)
+    return guard.Access.for_address(args.host, args.allowed_hosts, token)
 
 
 def serve_until_signal(server) -> None:
@@ -125,6 +165,7 @@ def serve_until_signal(server) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _check(args)
+    access = _access(args)
     from absl import logging
 
     from docnmt_jax import api
@@ -135,7 +176,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     api.search_config(**search)  # a bad value: one line before the model loads
     model = api.load(args.workdir, checkpoint=args.checkpoint, batch_tokens=args.batch_tokens)
     name = model.config.get("model", {}).get("name", "?")
-    limits = Limits(args.max_request_bytes, args.max_sentences, args.request_timeout_s)
+    limits = Limits(
+        args.max_request_bytes,
+        args.max_sentences,
+        args.request_timeout_s,
+        args.read_timeout_s,
+        args.max_connections,
+    )
     try:
         server = make_server(
             model,
@@ -144,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.port,
             limits,
             info={"model": name, "step": int(model.step)},
+            access=access,
             max_queue=args.max_queue,
             max_batch_wait_s=args.max_batch_wait_ms / 1000,
             max_batch_sentences=args.max_batch_sentences,
