@@ -3,6 +3,8 @@
     python launch/export.py --workdir runs/NAME --out releases/NAME \\
         [--checkpoint best|latest|averaged|STEP] [--params auto|ema|raw] [--overwrite]
         [--stablehlo [--platforms cpu,cuda]]
+    python launch/export.py --workdir runs/NAME --out ct2/NAME --format ctranslate2 \\
+        [--quantization int8|int8_float32|float16] [--checkpoint ...] [--params ...]
 
 The release directory (docs/export.md; :mod:`docnmt_jax.export.release`) holds the chosen
 checkpoint's parameters alone in ``params.npz`` (no optimiser state: numpy reads it without
@@ -16,6 +18,9 @@ only numpy, jax and sentencepiece (:mod:`docnmt_jax.export.stablehlo`).
 
 The directory is written to ``OUT.tmp`` and renamed onto ``OUT`` when complete; a non-empty
 ``OUT`` is refused unless ``--overwrite`` (which replaces only an earlier release).
+
+``--format ctranslate2`` writes a CTranslate2 model directory of the sentence Transformer
+instead (the optional ``ctranslate2`` package; :mod:`docnmt_jax.export.ctranslate2`).
 """
 
 from __future__ import annotations
@@ -58,6 +63,23 @@ def _parser() -> argparse.ArgumentParser:
         "--platforms",
         default="cpu,cuda",
         help="with --stablehlo: platforms to lower for, comma-separated (cpu, cuda, rocm, tpu)",
+    )
+    p.add_argument(
+        "--training_record",
+        help="a JSON file whose object the manifest keeps as 'training' (how the model was "
+        "trained: commit, command, steps, tokens, dev and test scores)",
+    )
+    p.add_argument(
+        "--format",
+        default="release",
+        choices=("release", "ctranslate2"),
+        help="release: this library's release directory; ctranslate2: a CTranslate2 model "
+        "directory (sentence Transformer; pip install -e .[ctranslate2])",
+    )
+    p.add_argument(
+        "--quantization",
+        choices=("int8", "int8_float32", "float16"),
+        help="with --format ctranslate2: the weights' type (default float32)",
     )
     return p
 
@@ -122,15 +144,42 @@ def write_release(args: argparse.Namespace, staging: str) -> dict:
         "docnmt_jax_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+    training = read_training_record(args.training_record) or source.get("training")
+    if training:
+        info["training"] = training
     return release.write_manifest(staging, info)
+
+
+def read_training_record(path: str | None) -> dict | None:
+    """The JSON object of ``--training_record`` (one-line errors for a missing file or
+    anything but an object)."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"--training_record={path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"--training_record={path}: not JSON ({e})") from None
+    if not isinstance(record, dict):
+        raise UserError(f"--training_record={path}: expected a JSON object")
+    return record
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not os.path.isdir(args.workdir):
         raise RunNotFoundError(f"--workdir={args.workdir}: no such directory")
+    if args.format == "ctranslate2":
+        from docnmt_jax.export import ctranslate2
+
+        return ctranslate2.export(args)
+    if args.quantization:
+        raise UserError("--quantization applies to --format ctranslate2 only")
     if args.stablehlo:
         parse_platforms(args.platforms)
+    read_training_record(args.training_record)  # a bad file fails before any work
     release.check_target(args.out, args.workdir, args.overwrite)
     staging = release.staging_dir(args.out)
     try:
