@@ -4,12 +4,12 @@
         --out releases/bible-transformer [--commit SHA] [--command "..."] [--max_mib 32]
 
 The row's best checkpoint on dev (its parameters' EMA where kept) goes through
-``docnmt-export`` into ``--out``; the manifest's ``training`` holds the commit and command that trained it (the
-row's record names its commit; ``--commit`` for a record written before it did), the steps,
-real target tokens and epochs, why training stopped, the dev metrics of the chosen
-checkpoint (from ``train.log``) and the test scores of the row's ``measure`` record. A
-release over ``--max_mib`` MiB (all its files together) is refused and removed: releases are
-committed to the repository.
+``docnmt-export`` into ``--out``; the manifest's ``training`` holds the commit and command
+that trained it (the row's record names its commit; ``--commit`` for a record written before
+it did), the steps, real target tokens and epochs, why training stopped, the dev metrics of
+the chosen checkpoint (from ``train.log``) and the test scores of the row's ``measure``
+record. A release over ``--max_mib`` MiB (all its files together) is refused and removed:
+releases are committed to the repository.
 """
 
 from __future__ import annotations
