@@ -143,6 +143,27 @@ def test_every_registered_model_implements_the_protocol():
         assert isinstance(model.layout, BatchLayout)
 
 
+def test_carried_state_is_read_from_the_declared_capability():
+    """Only FINAL with its recurrent switch carries state; a model with the switch but not the
+    CarriedState members does not (the capability, not an attribute, decides)."""
+    from docnmt_jax.models import contract
+
+    carrying = {
+        name: contract.carries_state(entry.model_class(entry.config_class(vocab_size=50)))
+        for name, entry in registered().items()
+        if not name.startswith("test_") and name != "toy_bag_of_words"
+    }
+    assert not any(carrying.values())
+    final = registered()["final"]
+    recurrent = final.model_class(final.config_class(vocab_size=50, recurrent=True))
+    assert contract.carries_state(recurrent)
+
+    class SwitchOnly:
+        carries_state = True
+
+    assert not contract.carries_state(SwitchOnly())
+
+
 def test_toy_model_and_objective_go_through_trainer_translator_and_scorer(synthetic_dir, tmp_path):
     workdir = str(tmp_path / "toy")
     config = _toy_config(synthetic_dir, num_steps=30)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from docnmt_jax.models import contract
+
 Results = dict[str, Any]
 
 
@@ -96,7 +98,7 @@ def compile_train(task: Any, batch: Results) -> TrainStep:
     tx, schedule = optim.make_optimizer(task.config.d_model, warmup_steps=4000)
     train_step, _ = trainer.make_steps(build_objective(None, task), tx, schedule, seed=0)
     state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
-    if getattr(task, "carries_state", False):  # document streams: the state rows carry
+    if contract.carries_state(task):  # document streams: the state rows carry
         state["carry"] = task.initial_carry(batch["src"].shape[0])
     t0 = time.perf_counter()
     traced = train_step.trace(state, batch)

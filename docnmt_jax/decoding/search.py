@@ -377,7 +377,9 @@ def compile_translate(
             kwargs["out_shardings"] = mesh.replicated
         return jax.jit(body, **kwargs)
 
-    if getattr(model, "carries_state", False):  # context across chunks: document streams
+    from docnmt_jax.models import contract  # here: the models import this module
+
+    if contract.carries_state(model):  # context across chunks: document streams
         translate = stream_translate(model, search, jit, {} if carried is None else carried)
     elif model.layout.sequential:
         translate = _loop_slots(model, search, jit)

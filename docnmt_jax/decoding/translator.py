@@ -55,6 +55,7 @@ from docnmt_jax.data.tokenizer import PAD_ID, Tokenizer
 from docnmt_jax.data.translation_plan import TranslationPlan
 from docnmt_jax.decoding.search import SearchConfig, TranslateFn, compile_translate
 from docnmt_jax.errors import CapabilityError, TextTooLongError
+from docnmt_jax.models import contract
 from docnmt_jax.models.contract import Searchable, SlotSearch, require
 
 #: The source limit used to tokenise a block for a model without one (nothing is cut).
@@ -310,7 +311,7 @@ class Translator:
         chunks (at most four shapes, chunks grouped by length; one compiled search per
         shape)."""
         corpus = self._tokenize(sources)
-        if getattr(self.model, "carries_state", False):  # one chunk of every stream a batch
+        if contract.carries_state(self.model):  # one chunk of every stream a batch
             rows = stream_rows(corpus, corpus.config)
             config = dataclasses.replace(corpus.config, streams=True)
             config = dataclasses.replace(config, stream_rows=max(1, min(rows, len(sources))))

@@ -382,6 +382,12 @@ def missing(model: Any, capability: type) -> list[str]:
     return [name for name in members(capability) if not hasattr(model, name)]
 
 
+def carries_state(model: Any) -> bool:
+    """Whether ``model`` holds :class:`CarriedState` and reads context across chunks (its
+    ``carries_state`` switch on): trained on document streams, searched chunk after chunk."""
+    return not missing(model, CarriedState) and bool(model.carries_state)
+
+
 def require(model: Any, capability: type, action: str) -> None:
     """Raises :class:`~docnmt_jax.errors.CapabilityError` (one line naming the model, the
     ``action`` asked for and the missing members) unless ``model`` holds ``capability``."""

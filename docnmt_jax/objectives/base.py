@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import jax
 
+from docnmt_jax.models import contract
 from docnmt_jax.models.base import Metrics, Model, ModelError
 
 Array = jax.Array
@@ -51,7 +52,7 @@ class Objective:
     def __init__(self, model: Model, options: Any = None):
         self.model = model
         self.options = options if options is not None else self.options_class()
-        if getattr(model, "carries_state", False) and not self.carries_state:
+        if contract.carries_state(model) and not self.carries_state:
             raise ObjectiveError(
                 f"config.objective.name: objective {self.name!r} cannot train model "
                 f"{getattr(model, 'name', model)!r}, which carries state across chunks "

@@ -20,6 +20,7 @@ import optax
 
 from docnmt_jax import parallel
 from docnmt_jax.data.schema import dummy_batch
+from docnmt_jax.models import contract
 from docnmt_jax.parallel import Layout
 from docnmt_jax.training import ema as ema_lib
 from docnmt_jax.training import optim
@@ -71,7 +72,7 @@ def build_optimizer_state(
 def carry_template(model: Any, rows: int) -> PyTree | None:
     """The abstract state a model carries across the chunks of ``rows`` document streams
     (``model.initial_carry``), or None when it carries none."""
-    if rows <= 0 or not getattr(model, "carries_state", False):
+    if rows <= 0 or not contract.carries_state(model):
         return None
     return jax.eval_shape(lambda: model.initial_carry(rows))
 
