@@ -316,6 +316,75 @@ def _bucket_order(key: str) -> tuple[int, float, str]:
         return (1, 0.0, key)
 
 
+def _choice(inst: ContrastiveInstance, by_candidate: np.ndarray) -> tuple[int, int]:
+    """``(right, tie)``: the correct candidate scores strictly higher than every other; it
+    ties with the best other."""
+    by_candidate = np.asarray(by_candidate, np.float64)
+    best_other = np.max(np.delete(by_candidate, inst.correct))
+    right = int(bool(by_candidate[inst.correct] > best_other))
+    return right, int(bool(by_candidate[inst.correct] == best_other))
+
+
+def choice_outcomes(
+    instances: Sequence[ContrastiveInstance], scores: Sequence[np.ndarray]
+) -> np.ndarray:
+    """Per instance, whether it is right under the strictly-higher rule (bool ``[N]``): the
+    paired outcomes McNemar's test compares
+    (:func:`~docnmt_jax.evaluation.significance.mcnemar_exact`)."""
+    return np.array([bool(_choice(i, s)[0]) for i, s in zip(instances, scores, strict=True)], bool)
+
+
+#: The contexts an instance can be scored with (:func:`with_context`).
+CONTEXTS = ("true", "none", "random")
+
+
+def with_context(
+    instances: Sequence[ContrastiveInstance],
+    mode: str,
+    groups: Sequence[str] | None = None,
+    seed: int = 0,
+) -> list[ContrastiveInstance]:
+    """The instances with their ``true`` context, with ``none`` (the current sentence alone)
+    or with a ``random`` one: for an instance with ``L`` context sentences, the last ``L``
+    sentences (source, and reference target for every candidate) of the context-plus-current
+    sentence of another instance whose ``groups`` value (document) differs, drawn uniformly
+    (``seed``) among those with at least ``L``; when none has, the longest other (a shorter
+    context). ``groups`` defaults to the instances' own contexts (every instance its group)."""
+    if mode not in CONTEXTS:
+        raise ValueError(f"context must be one of {CONTEXTS}, got {mode!r}")
+    if mode == "true":
+        return list(instances)
+    if mode == "none":
+        return [
+            dataclasses.replace(i, context_src=(), context_tgt=((),) * len(i.candidates))
+            for i in instances
+        ]
+    groups = list(groups) if groups is not None else [str(n) for n in range(len(instances))]
+    pool: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+    for inst, group in zip(instances, groups, strict=True):
+        src = (*inst.context_src, inst.src)
+        tgt = (*inst.context_tgt[inst.correct], inst.candidates[inst.correct])
+        if len(src) > len(pool.get(group, ((), ()))[0]):
+            pool[group] = (src, tgt)
+    rng = np.random.default_rng(seed)
+    names = sorted(pool)
+    out = []
+    for inst, group in zip(instances, groups, strict=True):
+        need = len(inst.context_src)
+        others = [g for g in names if g != group]
+        if not need or not others:
+            out.append(inst)
+            continue
+        donors = [g for g in others if len(pool[g][0]) >= need]
+        donors = donors or [max(others, key=lambda g: len(pool[g][0]))]
+        src, tgt = pool[donors[int(rng.integers(len(donors)))]]
+        src, tgt = src[-need:], tgt[-need:]
+        out.append(
+            dataclasses.replace(inst, context_src=src, context_tgt=(tgt,) * len(inst.candidates))
+        )
+    return out
+
+
 def forced_choice_accuracy(
     instances: Sequence[ContrastiveInstance], scores: Sequence[np.ndarray]
 ) -> dict[str, Any]:
@@ -326,10 +395,8 @@ def forced_choice_accuracy(
     tallies: dict[tuple[str, str], list[int]] = {}
     ties = 0
     for inst, by_candidate in zip(instances, scores, strict=True):
-        by_candidate = np.asarray(by_candidate, np.float64)
-        best_other = np.max(np.delete(by_candidate, inst.correct))
-        ok = int(bool(by_candidate[inst.correct] > best_other))
-        ties += int(bool(by_candidate[inst.correct] == best_other))
+        ok, tie = _choice(inst, by_candidate)
+        ties += tie
         keys = [("", "")] + [(str(k), str(v)) for k, v in inst.attributes.items()]
         for key in keys:
             t = tallies.setdefault(key, [0, 0])

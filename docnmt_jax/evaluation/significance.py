@@ -12,11 +12,16 @@ The seed is sacreBLEU's (``SACREBLEU_SEED``, default 12345) and goes into the si
 the test and its sample count. ``p_value`` is the probability, under the null hypothesis that
 the two systems are the same, of a difference at least as large as the observed one (the
 bootstrap's one-sided estimate, the randomisation's two-sided one, as sacreBLEU computes them).
+
+Paired right/wrong outcomes (forced-choice contrastive sets): McNemar's exact test,
+:func:`mcnemar_exact`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
@@ -146,3 +151,27 @@ def format_paired(result: dict[str, Any], system: str, baseline: str) -> str:
                 f"p = {r['p_value']:.4f}  ({r['signature']})"
             )
     return "\n".join(lines)
+
+
+def mcnemar_exact(system: Sequence[bool], baseline: Sequence[bool]) -> dict[str, Any]:
+    """McNemar's exact test on paired binary outcomes (e.g. forced-choice instances right or
+    wrong under two models): of the ``n = b + c`` discordant pairs (``b``: only ``system``
+    right, ``c``: only ``baseline`` right) the two-sided exact binomial p-value under
+    ``Binomial(n, 1/2)``, ``p = min(1, 2 * sum_{k <= min(b, c)} C(n, k) / 2^n)``; 1 when
+    ``n = 0``. Computed with integers (exact for any ``n``)."""
+    if len(system) != len(baseline):
+        raise ValueError(f"{len(system)} vs {len(baseline)} outcomes: they must be paired")
+    b = sum(1 for s, t in zip(system, baseline, strict=True) if s and not t)
+    c = sum(1 for s, t in zip(system, baseline, strict=True) if t and not s)
+    n = b + c
+    tail = sum(math.comb(n, k) for k in range(min(b, c) + 1))
+    p = 1.0 if n == 0 else min(1.0, float(Fraction(2 * tail, 2**n)))
+    both = sum(1 for s, t in zip(system, baseline, strict=True) if s and t)
+    return {
+        "pairs": len(system),
+        "system_only": b,
+        "baseline_only": c,
+        "both": both,
+        "neither": len(system) - n - both,
+        "p_value": p,
+    }
