@@ -123,6 +123,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.objective.context_margin.seed = 0  # random contexts of the dev batches
     config.objective.random_context = ml_collections.ConfigDict()
     config.objective.random_context.seed = 0  # random contexts of the dev batches
+    config.objective.coword = ml_collections.ConfigDict()
+    config.objective.coword.probability = 0.1  # CoWord: P(drop a current-source token)
 
     # Device mesh (docnmt_jax/parallel.py): data x fsdp x model = all devices; -1 = the rest.
     config.mesh = ml_collections.ConfigDict()

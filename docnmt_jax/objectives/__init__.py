@@ -6,11 +6,13 @@ the model when the run is built. The trainer calls only ``objective.loss``. Regi
 ``maximum_likelihood`` (the model's own loss, the default), ``context_margin`` (Jean & Cho
 2019's multi-level context-aware margin regulariser, :mod:`~docnmt_jax.objectives.context_margin`),
 ``random_context`` (maximum likelihood with other documents' context, Table 1 row (b),
-:mod:`~docnmt_jax.objectives.random_context`).
+:mod:`~docnmt_jax.objectives.random_context`), ``coword`` (Fernandes et al. 2021's
+context-aware word dropout on the current source, :mod:`~docnmt_jax.objectives.coword`).
 """
 
 from docnmt_jax.objectives import (  # noqa: F401  (registration)
     context_margin,
+    coword,
     maximum_likelihood,
     random_context,
 )
