@@ -113,7 +113,7 @@ def test_release_loads_in_place_of_the_workdir(one_step_run, exported, tmp_path)
     config_path = os.path.join(moved, "config.json")
     moved_config = json.loads(open(config_path, encoding="utf-8").read())
     moved_config["data"]["tokenizer"] = "/nonexistent/spm.model"
-    open(config_path, "w", encoding="utf-8").write(json.dumps(moved_config))
+    _listed(moved, "config.json", json.dumps(moved_config).encode())  # hashes re-listed
     tokenizer = restore.load_run_tokenizer(restore.load_config(moved), moved)
     assert tokenizer.model_path == os.path.join(moved, "spm.model")
 
@@ -258,3 +258,67 @@ def test_translate_py_reads_a_release(one_step_run, exported, synthetic_dir, tmp
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines()[-1].startswith("translate.py: error: ")
     assert "--checkpoint latest does not apply" in refused.stderr
+
+
+# ------------------------------------------------------------- a release verified whole
+
+
+def _listed(directory: str, name: str, text: bytes) -> None:
+    """Adds file ``name`` to the release in ``directory`` and re-lists every file."""
+    path = os.path.join(directory, *name.split("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    open(path, "wb").write(text)
+    manifest = json.loads(open(os.path.join(directory, "release.json"), encoding="utf-8").read())
+    del manifest["files"]
+    os.remove(os.path.join(directory, "release.json"))
+    release.write_manifest(directory, manifest)
+
+
+@pytest.mark.parametrize("name", ["config.json", "spm.model", "params.npz", "stablehlo/x.bin"])
+def test_every_file_of_a_release_is_checked_on_load(exported, tmp_path, name):
+    out = str(tmp_path / "release")
+    shutil.copytree(exported[0], out)
+    _listed(out, "stablehlo/x.bin", b"listed")
+    model, _, _ = restore.load_model(out)
+    restore.load_params(model, out, "best")  # intact: loads
+    with open(os.path.join(out, *name.split("/")), "ab") as f:
+        f.write(b" ")
+    with pytest.raises(UserError) as error:
+        restore.load_params(*restore.load_model(out)[:1], out, "best")
+    message = str(error.value)
+    assert "\n" not in message and os.path.join(out, name) in message and "sha256" in message
+
+
+@pytest.mark.parametrize("name", ["../outside", "/etc/passwd", "a/../../b", "a\\b", "./x", ""])
+def test_a_manifest_names_only_files_inside_the_release(exported, tmp_path, name):
+    out = str(tmp_path / "release")
+    shutil.copytree(exported[0], out)
+    path = os.path.join(out, "release.json")
+    manifest = json.loads(open(path, encoding="utf-8").read())
+    manifest["files"][name] = {"bytes": 1, "sha256": "0" * 64}
+    open(path, "w", encoding="utf-8").write(json.dumps(manifest))
+    with pytest.raises(UserError, match="is not a file name inside the release"):
+        restore.load_model(out)
+    with pytest.raises(UserError, match="is not a file name inside the release"):
+        release.check_file(out, release.read_manifest(exported[0]), name)
+
+
+def test_the_stablehlo_reader_checks_its_files(exported, tmp_path, capsys):
+    from docnmt_jax.export import greedy
+
+    out = str(tmp_path / "release")
+    shutil.copytree(exported[0], out)
+    spec = {"format": greedy.FORMAT, "format_version": greedy.FORMAT_VERSION}
+    _listed(out, "stablehlo/model.json", json.dumps(spec).encode())
+    files = greedy.CheckedFiles(os.path.join(out, "stablehlo"))
+    assert files.path("../params.npz") == os.path.join(out, "params.npz")
+    for name in ("../release.json", "../../x", "/etc/passwd", "sub/x", "..", 3):
+        with pytest.raises(ValueError, match="is not a file of the release"):
+            files.path(name)
+    open(os.path.join(out, "spm.model"), "ab").write(b" ")
+    with pytest.raises(ValueError, match="spm.model: sha256 differs"):
+        files.path("../spm.model")
+    open(os.path.join(out, "stablehlo", "model.json"), "a").write(" ")
+    assert greedy.main([os.path.join(out, "stablehlo")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model.json: sha256 differs" in err

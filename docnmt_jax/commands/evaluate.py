@@ -62,6 +62,22 @@ correct word at its token index): overall, per phenomenon, per phenomenon and di
 ``elided_verb`` at chunk starts vs elsewhere and ``register`` per chunk of distances
 (:func:`docnmt_jax.data.synthetic_long.long_context_accuracy`).
 
+**Spanish→English pronoun sets** (issue 64; built by ``docnmt-prepare --corpus pronoun_sets``,
+:mod:`docnmt_jax.data.pronoun_set`) and **CXMI** (Fernandes et al. 2021)::
+
+    python launch/evaluate.py --contrastive pronouns --data data/bible/test.pronouns.jsonl \
+        --workdir RUN [--contrastive_baseline RUN2] [--contrastive_contexts true,none,random] \
+        [--cxmi --ref data/bible/test.tsv [--cxmi_sizes 1,2,3,5,10]] [--context_seed 0] [--json]
+
+scores the set with the true context, none and another document's (random), overall and by
+gender, antecedent distance and the context-only subset; with ``--contrastive_baseline``
+also the baseline run (or release) and McNemar's exact test per context
+(:mod:`docnmt_jax.evaluation.pronoun_eval`). ``--cxmi`` (also alone, with ``--workdir`` and
+``--ref``) adds CXMI per target token (true context minus none), by context size, and Jean &
+Cho's Delta^D on the same windows with ``--context_draws`` random contexts
+(:mod:`docnmt_jax.evaluation.cxmi`). Results go to ``WORKDIR/contrastive/pronouns.NAME.json``
+and ``WORKDIR/contrastive/cxmi.NAME.json``.
+
 ``--pronouns`` adds a "pronouns" section: precision, recall and F1 of clipped per-sentence
 pronoun matches against the reference, overall and per pronoun (case-insensitive whatever
 ``--lowercase`` says; not APT, see :mod:`docnmt_jax.evaluation.pronouns`). The pronouns are
@@ -77,10 +93,18 @@ import os
 from absl import app, flags, logging
 
 from docnmt_jax import cli
-from docnmt_jax.data import context_labels, contrastive_sets, readers, synthetic_long
+from docnmt_jax.data import context_labels, contrastive_sets, pronoun_set, readers, synthetic_long
 from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.errors import UserError
-from docnmt_jax.evaluation import analysis, context_marginal, contrastive, metrics, significance
+from docnmt_jax.evaluation import (
+    analysis,
+    context_marginal,
+    contrastive,
+    cxmi,
+    metrics,
+    pronoun_eval,
+    significance,
+)
 from docnmt_jax.evaluation.metrics import evaluate_files, format_report, score_documents
 from docnmt_jax.evaluation.pronouns import PRONOUNS, pronoun_scores, read_pronoun_list
 from docnmt_jax.files import write_atomic
@@ -127,8 +151,8 @@ flags.DEFINE_string("out_dir", None, "With --workdir: write translations, scores
 flags.DEFINE_string(
     "contrastive",
     None,
-    "Score a contrastive test set with --workdir's model: voita, contrapro or bawden "
-    "(the set in --data; see above).",
+    "Score a contrastive test set with --workdir's model: voita, contrapro, bawden or "
+    "pronouns (the set in --data; see above).",
 )
 flags.DEFINE_string(
     "data",
@@ -143,6 +167,21 @@ flags.DEFINE_string(
     "bawden en,fr).",
 )
 flags.DEFINE_integer("contrastive_rows", 32, "With --contrastive: candidates per batch.")
+flags.DEFINE_list(
+    "contrastive_contexts",
+    list(contrastive.CONTEXTS),
+    "With --contrastive pronouns: the contexts to score with (true, none, random).",
+)
+flags.DEFINE_string(
+    "contrastive_baseline",
+    None,
+    "With --contrastive pronouns: a second run or release scored the same way, compared "
+    "with McNemar's exact test.",
+)
+flags.DEFINE_bool(
+    "cxmi", False, "With --workdir and --ref: CXMI (true context - none) and Delta^D per token."
+)
+flags.DEFINE_list("cxmi_sizes", ["1", "2", "3", "5", "10"], "With --cxmi: context sizes.")
 flags.DEFINE_string(
     "labels",
     None,
@@ -283,20 +322,121 @@ def score_contrastive_set() -> dict:
     return result
 
 
+def _load_run(workdir: str) -> tuple:
+    """``(model, tokenizer, config, params, step)`` of a workdir or release."""
+    model, tokenizer, config = restore.load_model(workdir)
+    params, step = restore.load_params(model, workdir, FLAGS.checkpoint, params=FLAGS.params)
+    return model, tokenizer, config, params, step
+
+
+def _out_path(kind: str, data: str) -> str:
+    name = os.path.basename(os.path.normpath(data))
+    for ext in (".jsonl", ".json", ".tsv"):
+        name = name[: -len(ext)] if name.endswith(ext) else name
+    return os.path.join(FLAGS.workdir, "contrastive", f"{kind}.{name}.json")
+
+
+def score_pronoun_set() -> dict:
+    """``--contrastive pronouns``: the set under each context, for the run (and baseline)."""
+    if not FLAGS.data or not FLAGS.workdir:
+        raise UserError("--contrastive pronouns needs --data (the set) and --workdir (the run)")
+    bad = [c for c in FLAGS.contrastive_contexts if c not in contrastive.CONTEXTS]
+    if bad or not FLAGS.contrastive_contexts:
+        raise UserError(
+            f"--contrastive_contexts: {bad[0] if bad else ''!r} is not one of "
+            f"{', '.join(contrastive.CONTEXTS)}"
+        )
+    instances, records = pronoun_set.read_pronoun_set(FLAGS.data)
+    groups = [str(r["doc_id"]) for r in records]
+    runs = {"system": FLAGS.workdir}
+    if FLAGS.contrastive_baseline:
+        runs["baseline"] = FLAGS.contrastive_baseline
+    result: dict = {"format": "pronouns", "data": FLAGS.data, "instances": len(instances)}
+    reports = []
+    for role, workdir in runs.items():
+        model, tokenizer, config, params, step = _load_run(workdir)
+        contexts = pronoun_eval.score_conditions(
+            model,
+            params,
+            tokenizer,
+            instances,
+            groups,
+            FLAGS.contrastive_contexts,
+            FLAGS.context_seed,
+            config.data.max_sentences,
+            FLAGS.contrastive_rows,
+        )
+        result[role] = {"workdir": workdir, "model": model.name, "step": step, **contexts}
+        title = f"{FLAGS.data}: {len(instances)} instances; {model.name} of {workdir} (step {step})"
+        reports.append(pronoun_eval.format_conditions(contexts, title))
+    if "baseline" in result:
+        pick = {r: {c: result[r][c] for c in FLAGS.contrastive_contexts} for r in runs}
+        result["mcnemar"] = pronoun_eval.compare(pick["system"], pick["baseline"], instances)
+        reports.append(pronoun_eval.format_compare(result["mcnemar"], *runs.values()))
+    out_path = _out_path("pronouns", FLAGS.data)
+    write_atomic(out_path, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    result["report"] = "\n".join(reports) + f"\nwritten: {out_path}"
+    return result
+
+
+def measure_cxmi() -> dict:
+    """``--cxmi``: CXMI and Delta^D of the run on ``--ref``'s documents."""
+    if not FLAGS.workdir or not FLAGS.ref:
+        raise UserError("--cxmi needs --workdir (the run) and --ref (a corpus TSV with sources)")
+    try:
+        sizes = [int(k) for k in FLAGS.cxmi_sizes]
+    except ValueError:
+        raise UserError(f"--cxmi_sizes: not integers: {','.join(FLAGS.cxmi_sizes)}") from None
+    if any(k < 1 for k in sizes):
+        raise UserError("--cxmi_sizes: context sizes must be >= 1")
+    docs = readers.read_tsv(FLAGS.ref)
+    model, tokenizer, config, params, step = _load_run(FLAGS.workdir)
+    result = cxmi.cxmi(
+        model,
+        params,
+        tokenizer,
+        docs,
+        config.data.max_sentences,
+        sizes,
+        FLAGS.context_draws,
+        FLAGS.context_seed,
+        FLAGS.contrastive_rows,
+    )
+    result = {
+        "workdir": FLAGS.workdir,
+        "model": model.name,
+        "step": step,
+        "ref": FLAGS.ref,
+        **result,
+    }
+    out_path = _out_path("cxmi", FLAGS.ref)
+    write_atomic(out_path, json.dumps(result, indent=2) + "\n")
+    title = f"CXMI of {model.name} ({FLAGS.workdir}, step {step}) on {FLAGS.ref}:"
+    result["report"] = cxmi.format_cxmi(result, title) + f"\nwritten: {out_path}"
+    return result
+
+
 def contrastive_main() -> None:
-    """``--contrastive``: score the set and print the result."""
-    result = score_contrastive_set()
+    """``--contrastive`` and/or ``--cxmi``: score and print the results."""
+    results = {}
+    if FLAGS.contrastive == "pronouns":
+        results["contrastive"] = score_pronoun_set()
+    elif FLAGS.contrastive is not None:
+        results["contrastive"] = score_contrastive_set()
+    if FLAGS.cxmi:
+        results["cxmi"] = measure_cxmi()
     if FLAGS.json:
-        print(json.dumps({k: v for k, v in result.items() if k != "report"}, indent=2))
+        clean = {k: {x: y for x, y in v.items() if x != "report"} for k, v in results.items()}
+        print(json.dumps(clean if len(clean) > 1 else next(iter(clean.values())), indent=2))
     else:
-        print(result["report"])
+        print("\n".join(r["report"] for r in results.values()))
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
-    if FLAGS.contrastive is not None:
+    if FLAGS.contrastive is not None or FLAGS.cxmi:
         contrastive_main()
         return
     if not FLAGS.ref:

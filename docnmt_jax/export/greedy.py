@@ -12,11 +12,18 @@ source is the sentencepiece ids plus EOS; every step takes the most probable tok
 not PAD or BOS; a sentence ends at its first EOS, or with EOS forced as its
 ``min(max_len, floor(len_a * source_tokens + len_b))``-th token (source tokens including
 EOS). One line in, one translation out.
+
+Nothing is read unchecked: every file ``model.json`` names must be a plain name inside
+``stablehlo/`` or the release's own ``../params.npz`` / ``../spm.model`` (never another
+absolute or ``..`` path, nor a link out of the release), and ``model.json`` and every file
+it names must match the sha256 the release's ``release.json`` lists; else a one-line error
+naming the file.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -33,6 +40,9 @@ from jax import export
 FORMAT = "docnmt_jax-stablehlo-greedy"
 FORMAT_VERSION = 1
 SPEC_FILE = "model.json"
+MANIFEST = "release.json"
+#: The release's files that model.json names outside its own directory.
+RELEASE_FILES = ("../params.npz", "../spm.model")
 
 
 def _deserialize(path: str) -> export.Exported:
@@ -40,26 +50,67 @@ def _deserialize(path: str) -> export.Exported:
         return export.deserialize(bytearray(f.read()))
 
 
+class CheckedFiles:
+    """The files of the export in ``directory`` (a release's ``stablehlo/``), each checked
+    against the release manifest beside it before it is read."""
+
+    def __init__(self, directory: str):
+        self.directory = os.path.abspath(directory)
+        self.release = os.path.dirname(self.directory)
+        manifest = os.path.join(self.release, MANIFEST)
+        try:
+            with open(manifest, encoding="utf-8") as f:
+                self.files = json.load(f)["files"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{manifest}: no release manifest beside the export ({e})") from None
+
+    def path(self, name: Any) -> str:
+        """The checked path of ``name`` as ``model.json`` gives it."""
+        if name in RELEASE_FILES:
+            key = name[3:]
+        elif (
+            isinstance(name, str)
+            and name not in ("", ".", "..")
+            and not any(c in name for c in "/\\\0")
+            and not os.path.isabs(name)
+        ):
+            key = f"{os.path.basename(self.directory)}/{name}"
+        else:
+            raise ValueError(f"{self.directory}/{SPEC_FILE}: {name!r} is not a file of the release")
+        path = os.path.join(self.release, *key.split("/"))
+        if not os.path.realpath(path).startswith(os.path.realpath(self.release) + os.sep):
+            raise ValueError(f"{path}: a link out of the release directory")
+        entry = self.files.get(key) if isinstance(self.files, dict) else None
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}: not listed in {MANIFEST}")
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        if entry.get("sha256") != digest.hexdigest():
+            raise ValueError(f"{path}: sha256 differs from {MANIFEST}'s (the file is corrupt)")
+        return path
+
+
 class GreedyTranslator:
     """The exported encoder and decoder step of ``directory`` (its ``model.json``), driven
     greedily over batches of at most ``batch_size`` sentences."""
 
     def __init__(self, directory: str, batch_size: int = 64):
-        with open(os.path.join(directory, SPEC_FILE), encoding="utf-8") as f:
+        files = CheckedFiles(directory)
+        with open(files.path(SPEC_FILE), encoding="utf-8") as f:
             self.spec: dict[str, Any] = json.load(f)
         if (self.spec.get("format"), self.spec.get("format_version")) != (FORMAT, FORMAT_VERSION):
             raise ValueError(f"{directory}: not a {FORMAT} v{FORMAT_VERSION} export")
         self.batch_size = batch_size
-        encode = _deserialize(os.path.join(directory, self.spec["encode"]["file"]))
-        step = _deserialize(os.path.join(directory, self.spec["decode_step"]["file"]))
+        encode = _deserialize(files.path(self.spec["encode"]["file"]))
+        step = _deserialize(files.path(self.spec["decode_step"]["file"]))
         self._encode = jax.jit(encode.call)
         self._step = jax.jit(step.call)
         params = self.spec["params"]
-        with np.load(os.path.join(directory, params["file"]), allow_pickle=False) as npz:
+        with np.load(files.path(params["file"]), allow_pickle=False) as npz:
             self.params = [jnp.asarray(npz[name]) for name in params["names"]]
-        self.processor = spm.SentencePieceProcessor(
-            model_file=os.path.join(directory, self.spec["tokenizer"])
-        )
+        self.processor = spm.SentencePieceProcessor(model_file=files.path(self.spec["tokenizer"]))
         self.eos_id = int(self.spec["ids"]["eos"])
 
     def source_ids(self, sentence: str) -> list[int]:
@@ -121,7 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("directory", help="the stablehlo/ directory of a release")
     parser.add_argument("--batch_size", type=int, default=64, help="sentences per batch")
     args = parser.parse_args(argv)
-    translator = GreedyTranslator(args.directory, args.batch_size)
+    try:
+        translator = GreedyTranslator(args.directory, args.batch_size)
+    except (ValueError, OSError, KeyError) as e:  # one line, no traceback
+        print(f"greedy.py: error: {e}", file=sys.stderr)
+        return 2
     sentences = [line.rstrip("\n") for line in sys.stdin]
     for translation in translator.translate(sentences):
         print(translation)

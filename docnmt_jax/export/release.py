@@ -20,6 +20,12 @@ It is stored uncompressed (float weights barely compress). Parameters are float3
 (``model.param_dtype``), a dtype numpy stores natively; a dtype it does not (bfloat16) is
 refused rather than stored as raw bytes.
 
+Verification (:func:`verify_release`, :func:`check_file`): every file the manifest lists is
+checked against its sha256 when a release is loaded, and a manifest may only name plain
+relative paths inside the release (``params.npz``, ``stablehlo/model.json``): never an
+absolute path, a ``..`` or a backslash, and never a link out of the directory. A mismatch is a
+one-line error naming the file.
+
 Only numpy and the standard library are imported here.
 """
 
@@ -149,18 +155,58 @@ def read_manifest(directory: str) -> dict[str, Any]:
     missing = [k for k in _REQUIRED if k not in manifest]
     if missing:
         raise UserError(f"{path}: the manifest lacks {', '.join(missing)}")
+    files = manifest["files"]
+    if not isinstance(files, dict):
+        raise UserError(f"{path}: 'files' is not a mapping of file names")
+    for name, entry in files.items():
+        check_name(name, path)
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+            raise UserError(f"{path}: the entry of {name!r} has no sha256")
     return manifest
 
 
+def check_name(name: Any, where: str) -> str:
+    """``name`` if it is a plain relative path inside a release (``a/b``: no absolute path,
+    ``..``, ``.``, empty part or backslash), else a one-line error naming ``where``."""
+    parts = name.split("/") if isinstance(name, str) else [""]
+    if (
+        not isinstance(name, str)
+        or "\\" in name
+        or "\0" in name
+        or os.path.isabs(name)
+        or any(part in ("", ".", "..") for part in parts)
+    ):
+        raise UserError(f"{where}: {name!r} is not a file name inside the release")
+    return name
+
+
 def check_file(directory: str, manifest: Mapping[str, Any], name: str) -> str:
-    """The path of release file ``name``, after checking its sha256 against the manifest."""
-    path = os.path.join(directory, name)
+    """The path of release file ``name``, after checking that it is a plain name inside the
+    release (:func:`check_name`; no link out of it) and its sha256 against the manifest."""
+    check_name(name, os.path.join(directory, MANIFEST))
+    path = os.path.join(directory, *name.split("/"))
     if not os.path.isfile(path):
         raise RunNotFoundError(f"{path} not found: the release is incomplete")
-    expected = manifest.get("files", {}).get(name, {}).get("sha256")
-    if expected != sha256(path):
+    root = os.path.realpath(directory)
+    if not os.path.realpath(path).startswith(root + os.sep):
+        raise UserError(f"{path}: a link out of the release directory")
+    entry = manifest.get("files", {}).get(name)
+    if not isinstance(entry, dict):
+        raise UserError(f"{path}: not listed in {MANIFEST} (the release is incomplete)")
+    if entry.get("sha256") != sha256(path):
         raise UserError(f"{path}: sha256 differs from {MANIFEST}'s (the file is corrupt)")
     return path
+
+
+def verify_release(
+    directory: str, manifest: Mapping[str, Any], skip: tuple[str, ...] = ()
+) -> Mapping[str, Any]:
+    """Checks every file the manifest lists but ``skip`` (:func:`check_file`); returns the
+    manifest."""
+    for name in manifest["files"]:
+        if name not in skip:
+            check_file(directory, manifest, name)
+    return manifest
 
 
 def read_params(directory: str, manifest: Mapping[str, Any]) -> dict[str, np.ndarray]:
