@@ -1,6 +1,7 @@
 """Loading a finished or running training run for translation and evaluation.
 
-A workdir holds ``config.json``, ``spm.model`` (unless ``config.data.tokenizer`` names one),
+A workdir holds ``config.json``, ``spm.model`` (older runs: unless ``config.data.tokenizer``
+names one elsewhere, :mod:`~docnmt_jax.training.run_tokenizer`),
 ``checkpoints/<step>`` and ``best/<step>``; :func:`load_translator` rebuilds the model from the
 config and restores only its parameters from the chosen checkpoint (onto a device mesh if
 asked: the Translator then searches there).
@@ -33,7 +34,7 @@ from docnmt_jax.decoding.translator import MAX_SOURCE_TOKENS, Translator
 from docnmt_jax.errors import RunNotFoundError, UserError, VocabularyMismatchError
 from docnmt_jax.export import release
 from docnmt_jax.models import Model, build_model
-from docnmt_jax.training import checkpoints
+from docnmt_jax.training import checkpoints, run_tokenizer
 
 #: The ``--checkpoint`` of translate.py, evaluate.py and analyze.py when none is given: the
 #: only one a release directory accepts.
@@ -41,8 +42,11 @@ DEFAULT_CHECKPOINT = "best"
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-    """The ``config.json`` of a workdir or a release directory."""
+    """The ``config.json`` of a workdir or a release directory (checked against the
+    release's manifest)."""
     path = os.path.join(workdir, "config.json")
+    if release.is_release(workdir):
+        path = release.check_file(workdir, release.read_manifest(workdir), release.CONFIG_FILE)
     if not os.path.exists(path):
         raise RunNotFoundError(
             f"{path} not found: is {workdir} a training workdir or a release directory?"
@@ -52,11 +56,14 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def load_run_tokenizer(config: ml_collections.ConfigDict, workdir: str) -> Tokenizer:
-    """The run's tokenizer: ``config.data.tokenizer`` or the workdir's ``spm.model``; a
-    release directory's own ``spm.model`` whatever the config says."""
+    """The run's tokenizer: ``config.data.tokenizer`` or the workdir's ``spm.model``, a
+    relative path found from the workdir, whatever the current directory
+    (:func:`~docnmt_jax.training.run_tokenizer.resolve`); a release directory's own
+    ``spm.model`` (its hash checked) whatever the config says."""
     if release.is_release(workdir):
-        return load_tokenizer(os.path.join(workdir, release.TOKENIZER_FILE))
-    return load_tokenizer(config.data.tokenizer or os.path.join(workdir, "spm.model"))
+        manifest = release.read_manifest(workdir)
+        return load_tokenizer(release.check_file(workdir, manifest, release.TOKENIZER_FILE))
+    return load_tokenizer(run_tokenizer.resolve(config.data.tokenizer, workdir))
 
 
 def checkpoint_step_dir(workdir: str, which: str) -> tuple[str, int]:
@@ -201,6 +208,7 @@ def load_params(
     ``tokenizer_path`` and the shapes."""
     if release.is_release(workdir):
         manifest = release_manifest(workdir, which, params)
+        release.verify_release(workdir, manifest, skip=(release.PARAMS_FILE,))
         saved = release.read_params(workdir, manifest)
         return fit_release_params(model, saved, workdir, tokenizer_path), manifest["source_step"]
     template = nn.meta.unbox(model.init(jax.random.PRNGKey(0), dummy_batch())["params"])
