@@ -27,7 +27,7 @@ from docnmt_jax.data.spec import PipelineConfig, check_on_long
 from docnmt_jax.data.tokenizer import Tokenizer, get_or_train_tokenizer, load_tokenizer
 from docnmt_jax.errors import ConfigError, RunNotFoundError
 from docnmt_jax.models import Model
-from docnmt_jax.training import param_mapping
+from docnmt_jax.training import param_mapping, run_tokenizer
 
 
 def load_documents(
@@ -158,12 +158,17 @@ def get_tokenizer(
     train_docs: list[Document],
     init_dir: str | None = None,
 ) -> Tokenizer:
-    """``config.data.tokenizer`` if set, else ``WORKDIR/spm.model``: on first use a copy of the
+    """``config.data.tokenizer`` if set, copied into the workdir as ``WORKDIR/spm.model`` and
+    recorded so in its config.json (:func:`~docnmt_jax.training.run_tokenizer.keep_in_workdir`:
+    the workdir is self-contained), else ``WORKDIR/spm.model``: on first use a copy of the
     tokenizer of the ``init_from`` run (``init_dir``, its state directory: finetuning must keep
     the pretraining's pieces), else trained on ``train_docs`` (by process 0 first so that
     processes sharing the workdir load its model)."""
     if config.data.tokenizer:
-        return load_tokenizer(config.data.tokenizer)
+        if jax.process_index() == 0:
+            run_tokenizer.keep_in_workdir(config.data.tokenizer, workdir)
+        multihost_utils.sync_global_devices("tokenizer")
+        return load_tokenizer(os.path.join(workdir, run_tokenizer.WORKDIR_TOKENIZER))
     path = os.path.join(workdir, "spm.model")
     source = param_mapping.source_tokenizer(init_dir) if init_dir else None
     if source and not os.path.exists(path) and jax.process_index() == 0:

@@ -59,7 +59,7 @@ from docnmt_jax.export import release as release_lib
 from docnmt_jax.files import atomic_open
 from docnmt_jax.models.base import ModelError
 from docnmt_jax.models.contract import PretrainMapping, require
-from docnmt_jax.training import checkpoints
+from docnmt_jax.training import checkpoints, run_tokenizer
 from docnmt_jax.training.optim import parameter_path
 
 PyTree = Any
@@ -289,7 +289,7 @@ def source_tokenizer(state_dir: str) -> str | None:
         if os.path.exists(config_path):
             with open(config_path, encoding="utf-8") as f:
                 named = json.load(f).get("data", {}).get("tokenizer", "")
-            path = named or os.path.join(directory, "spm.model")
+            path = run_tokenizer.resolve(named, directory)  # relative: from the run's directory
             return path if os.path.exists(path) else None
     return None
 
