@@ -60,8 +60,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     params, step = restore.load_params(
         model, args.workdir, args.checkpoint, tokenizer.model_path, args.params
     )
-    documents = [Document(d, tuple(src), ("",) * len(src)) for d, src, _ in
-                 iter_source_documents(args.test)]  # fmt: skip
+    documents = [
+        Document(d, tuple(src), ("",) * len(src)) for d, src, _ in iter_source_documents(args.test)
+    ]
     documents = documents[: args.docs] if args.docs else documents
     result: dict[str, Any] = {
         "workdir": os.path.abspath(args.workdir),

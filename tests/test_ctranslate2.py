@@ -21,6 +21,7 @@ ctranslate2 = pytest.importorskip(
 )
 
 from docnmt_jax import cli  # noqa: E402
+from docnmt_jax.commands import benchmark as benchmark_command  # noqa: E402
 from docnmt_jax.commands import export as export_command  # noqa: E402
 from docnmt_jax.data import synthetic  # noqa: E402
 from docnmt_jax.data.documents import Document, write_tsv  # noqa: E402
@@ -155,9 +156,15 @@ def test_converted_model_searches_as_ours(pre_ln_release, corpus, tmp_path, caps
     )
     _export("--workdir", pre_ln_release, "--out", out, "--format", "ctranslate2", "--overwrite")
     assert "not a CTranslate2 export" in _refused(
-        capsys, "--workdir", pre_ln_release, "--out", str(tmp_path), "--format", "ctranslate2",
+        capsys,
+        "--workdir",
+        pre_ln_release,
+        "--out",
+        str(tmp_path),
+        "--format",
+        "ctranslate2",
         "--overwrite",
-    )  # fmt: skip
+    )
 
 
 def test_post_ln_scores_equal_ours(post_ln_release, corpus, tmp_path):
@@ -179,6 +186,25 @@ def test_post_ln_scores_equal_ours(post_ln_release, corpus, tmp_path):
     ours = equality.log_probs(model, params, sources, targets)
     np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-3)
     assert len({round(x, 2) for x in ours}) == 6
+
+
+def test_benchmark_section(pre_ln_release, corpus, tmp_path, capsys):
+    """launch/benchmark.py --sections ctranslate2 on the tiny model: every engine and search
+    timed; with one output limit per CTranslate2 batch its float32 greedy outputs are ours."""
+    test_tsv = tmp_path / "test.tsv"
+    write_tsv(_short_documents(corpus, load_tokenizer(corpus[1])), test_tsv)
+    argv = ["--quick", "--sections", "ctranslate2", "--ctranslate2-workdir", pre_ln_release]
+    argv += ["--corpus-test-tsv", str(test_tsv), "--ctranslate2-batching", "limit"]
+    result = benchmark_command.main([*argv, "--ctranslate2-threads", "1"])["ctranslate2"]
+    rows = {(r["engine"], r["search"]): r for r in result["runs"]}
+    engines = ["ours (jit, float32)", "CTranslate2 float32", "CTranslate2 int8"]
+    assert set(rows) == {(e, s) for e in engines for s in ("beam 5", "greedy")}
+    assert all(r["sentences"] == 20 and r["tokens_per_s"] > 0 for r in rows.values())
+    greedy = rows["CTranslate2 float32", "greedy"]
+    assert greedy["identical"] == 20 and greedy["batches"] == 3  # limits 29, 31, 32
+    assert rows["ours (jit, float32)", "greedy"]["sentences_per_s_ratio"] == 1.0
+    assert result["float32_peak_gflops"] > 0 and result["threads"] == 1
+    assert "| CTranslate2 int8 | beam 5 | 20 |" in capsys.readouterr().out
 
 
 @pytest.mark.slow

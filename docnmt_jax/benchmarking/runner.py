@@ -12,6 +12,7 @@ from typing import Any
 
 from docnmt_jax.benchmarking import report
 from docnmt_jax.benchmarking.corpus import corpus_section
+from docnmt_jax.benchmarking.ctranslate2 import ctranslate2_section, print_ctranslate2
 from docnmt_jax.benchmarking.decode import decode_section
 from docnmt_jax.benchmarking.growth import growth_section
 from docnmt_jax.benchmarking.peak import peak_section
@@ -79,6 +80,7 @@ SECTIONS: dict[str, tuple[Section, Callable[[Results], None]]] = {
     "growth": (growth_section, report.print_growth),
     "pipeline": (pipeline_section, report.print_pipeline),
     "profile": (profile_section, report.print_profile),
+    "ctranslate2": (ctranslate2_section, print_ctranslate2),
 }
 
 

@@ -18,6 +18,9 @@ Sections (``--sections``; default ``peak,train,corpus,decode,growth``):
   pipeline  (not in the default) throughput of the tf.data document pipeline on a TSV of
             documents (``doc_id<TAB>src<TAB>tgt``), document and sentence mode
   profile   (added by ``--profile DIR``) a ``jax.profiler`` trace per model
+  ctranslate2  (not in the default; ``--ctranslate2-workdir RUN``) a trained sentence
+            Transformer on the test books, our jitted search against CTranslate2 float32 and
+            int8 on the same weights, beam and greedy: sentences/s, tokens/s, identical outputs
 Batches are synthetic (seeded, no padding): ``--chunks`` chunks of ``--sentences`` sentences of
 ``--length`` tokens; ratios are to the sentence Transformer. How each number is measured:
 the modules of ``docnmt_jax/benchmarking/``.
@@ -115,6 +118,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--max-sentences", type=int, default=20)
     g.add_argument("--max-len", type=int, default=128, help="max tokens per sentence (+EOS)")
     g.add_argument("--batch-tokens", type=int, default=2048, help="padded slots per side")
+    g = p.add_argument_group("ctranslate2 (needs the optional ctranslate2 package)")
+    g.add_argument("--ctranslate2-workdir", help="the sentence Transformer run or release")
+    g.add_argument("--ctranslate2-threads", type=int, default=2, help="CTranslate2 threads")
+    g.add_argument(
+        "--ctranslate2-compute-types", default="float32,int8", help="CTranslate2 compute types"
+    )
+    g.add_argument(
+        "--ctranslate2-batching",
+        default="length",
+        choices=("length", "limit"),
+        help="CTranslate2's batches: by length (a batch's longest limit) or one output limit each",
+    )
     args = p.parse_args(argv)
     return benchmarking.apply_presets(args)
 

@@ -199,15 +199,30 @@ def transformer_spec(
         weights.norm(decoder.layer_norm, "decoder_norm")
     for i, layer in enumerate(encoder.layer):
         scope = f"encoder_layers_{i}"
-        _attention(weights, layer.self_attention, f"{scope}/self_attention",
-                   f"{scope}/attention_block", self_attention=True)  # fmt: skip
+        _attention(
+            weights,
+            layer.self_attention,
+            f"{scope}/self_attention",
+            f"{scope}/attention_block",
+            self_attention=True,
+        )
         _ffn(weights, layer.ffn, scope)
     for i, layer in enumerate(decoder.layer):
         scope = f"decoder_layers_{i}"
-        _attention(weights, layer.self_attention, f"{scope}/self_attention",
-                   f"{scope}/self_attention_block", self_attention=True)  # fmt: skip
-        _attention(weights, layer.attention, f"{scope}/cross_attention",
-                   f"{scope}/cross_attention_block", self_attention=False)  # fmt: skip
+        _attention(
+            weights,
+            layer.self_attention,
+            f"{scope}/self_attention",
+            f"{scope}/self_attention_block",
+            self_attention=True,
+        )
+        _attention(
+            weights,
+            layer.attention,
+            f"{scope}/cross_attention",
+            f"{scope}/cross_attention_block",
+            self_attention=False,
+        )
         _ffn(weights, layer.ffn, scope)
     weights.check_all_read()
     spec.register_source_vocabulary(list(pieces))

@@ -55,6 +55,24 @@ def _until_eos(ids: Sequence[int]) -> list[int]:
     return out
 
 
+def sentence_ids(
+    batches: Sequence[dict[str, np.ndarray]],
+    outputs: Sequence[np.ndarray],
+    documents: Sequence[Document],
+) -> list[list[int]]:
+    """The output ids (EOS dropped) of every sentence of ``documents`` in order, from the
+    Translator's ``batches`` of them and the search's ids ``[B, S, L]`` of each."""
+    out: list[list[Any]] = [[None] * len(d) for d in documents]
+    for batch, ids in zip(batches, outputs, strict=True):
+        for row, doc in enumerate(batch["doc_index"]):
+            if doc < 0:
+                continue
+            offset = int(batch["sentence_offset"][row])
+            for k in np.flatnonzero(batch["sentence_mask"][row]):
+                out[doc][offset + k] = _until_eos(ids[row, k])
+    return [ids for doc in out for ids in doc]
+
+
 def library_outputs(
     model: Any,
     params: Any,
@@ -67,16 +85,9 @@ def library_outputs(
     the Translator's batches and compiled search."""
     translator = Translator(model, params, tokenizer, search, batch_tokens=batch_tokens)
     translate = compile_translate(model, search)
-    out: list[list[Any]] = [[None] * len(d) for d in documents]
-    for batch in translator.batches(documents):
-        ids = np.asarray(jax.device_get(translate(params, batch)[0]))
-        for row, doc in enumerate(batch["doc_index"]):
-            if doc < 0:
-                continue
-            offset = int(batch["sentence_offset"][row])
-            for k in np.flatnonzero(batch["sentence_mask"][row]):
-                out[doc][offset + k] = _until_eos(ids[row, k])
-    return [ids for doc in out for ids in doc]
+    batches = list(translator.batches(documents))
+    outputs = [np.asarray(jax.device_get(translate(params, b)[0])) for b in batches]
+    return sentence_ids(batches, outputs, documents)
 
 
 def ctranslate2_outputs(
