@@ -195,6 +195,7 @@ def test_benchmark_section(pre_ln_release, corpus, tmp_path, capsys):
     write_tsv(_short_documents(corpus, load_tokenizer(corpus[1])), test_tsv)
     argv = ["--quick", "--sections", "ctranslate2", "--ctranslate2-workdir", pre_ln_release]
     argv += ["--corpus-test-tsv", str(test_tsv), "--ctranslate2-batching", "limit"]
+    argv += ["--ctranslate2-profile", str(tmp_path / "trace")]
     result = benchmark_command.main([*argv, "--ctranslate2-threads", "1"])["ctranslate2"]
     rows = {(r["engine"], r["search"]): r for r in result["runs"]}
     engines = ["ours (jit, float32)", "CTranslate2 float32", "CTranslate2 int8"]
@@ -204,6 +205,9 @@ def test_benchmark_section(pre_ln_release, corpus, tmp_path, capsys):
     assert greedy["identical"] == 20 and greedy["batches"] == 3  # limits 29, 31, 32
     assert rows["ours (jit, float32)", "greedy"]["sentences_per_s_ratio"] == 1.0
     assert result["float32_peak_gflops"] > 0 and result["threads"] == 1
+    assert any(
+        name.endswith(".xplane.pb") for _, _, names in os.walk(result["profile"]) for name in names
+    )
     assert "| CTranslate2 int8 | beam 5 | 20 |" in capsys.readouterr().out
 
 

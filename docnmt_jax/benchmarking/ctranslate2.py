@@ -25,7 +25,8 @@ untimed pass warms up (and compiles ours). Tokens/s counts output tokens, EOS in
 sentence for CTranslate2, which returns none); sentences/s ratios are to ours with the same
 search. The float32 matmul peak of the host (the ``peak`` section's, else measured here) is
 recorded beside them. XLA uses every core of the host: for the same threads on a larger
-host, pin the process (``taskset -c 0,1``).
+host, pin the process (``taskset -c 0,1``). ``--ctranslate2-profile DIR`` adds a
+``jax.profiler`` trace of one pass of each of our searches (:func:`profile_ours`).
 """
 
 from __future__ import annotations
@@ -188,6 +189,18 @@ class OursRun:
         }
 
 
+def profile_ours(runs: Sequence[OursRun], directory: str) -> str:
+    """A ``jax.profiler`` trace of one pass of each of our ``runs`` under ``directory``
+    (TensorBoard's profile plugin or Perfetto): where our search's time goes."""
+    import jax
+
+    with jax.profiler.trace(directory):
+        for run in runs:
+            with jax.profiler.TraceAnnotation(f"ours_beam{run.search.beam_size}"):
+                run.call()
+    return directory
+
+
 def _documents(args: argparse.Namespace) -> list[Any]:
     from docnmt_jax.data.documents import Document
     from docnmt_jax.data.readers import iter_source_documents
@@ -271,6 +284,7 @@ def ctranslate2_section(args: argparse.Namespace, results: Results) -> Results:
                 theirs.append((run, ours[-1]))
         runs = ours + [r for r, _ in theirs]
         medians = interleaved_times([r.time_once for r in runs], args.decode_repeats)
+    profile = profile_ours(ours, args.ctranslate2_profile) if args.ctranslate2_profile else None
     rows = [run.result(s) for run, s in zip(ours, medians, strict=False)]
     for (run, our_run), seconds in zip(theirs, medians[len(ours) :], strict=True):
         rows.append(run.result(seconds, our_run.outputs))
@@ -292,6 +306,7 @@ def ctranslate2_section(args: argparse.Namespace, results: Results) -> Results:
         "ctranslate2": ctranslate2.__version__,
         "float32_peak_gflops": peak["float32_gflops"],
         "repeats": args.decode_repeats,
+        "profile": profile,
         "runs": rows,
     }
 

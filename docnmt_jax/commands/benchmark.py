@@ -130,6 +130,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=("length", "limit"),
         help="CTranslate2's batches: by length (a batch's longest limit) or one output limit each",
     )
+    g.add_argument("--ctranslate2-profile", help="a jax.profiler trace of our passes here")
     args = p.parse_args(argv)
     return benchmarking.apply_presets(args)
 
