@@ -38,6 +38,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     # memory and a summary of the previous chunk carried from chunk to chunk, trained on
     # document streams. Off: the paper's chunked FINAL (docs/papers/final.md, "Recurrence").
     config.model.recurrent = variant == "recurrent"
+    # Recurrent: consecutive chunks of a stream back-propagated through together (1: the
+    # carried state is stop-gradient at every chunk; k: gradients cross k - 1 boundaries).
+    config.model.bptt_chunks = 1
     # Train on every document also cut into 2, 4, 8, ... parts and single sentences (Sun et al.
     # 2022): batches of many documents. Chosen on dev by the recipe study (docs/recipe_study.md:
     # dev s-BLEU 7.18 against 6.01 on whole 20-sentence chunks at the same tokens, ~2x the

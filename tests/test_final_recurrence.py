@@ -151,7 +151,7 @@ def test_carried_target_memory_equals_the_same_sentences_as_one_long_chunk():
 # ------------------------------------------------------------------------- document streams
 
 
-def _stream_plan(lengths, rows, shuffle=True, max_sentences=4):
+def _stream_plan(lengths, rows, shuffle=True, max_sentences=4, window=1):
     docs = [
         Document(
             f"d{i}",
@@ -161,7 +161,7 @@ def _stream_plan(lengths, rows, shuffle=True, max_sentences=4):
         for i, n in enumerate(lengths)
     ]
     config = PipelineConfig(max_sentences=max_sentences, stream_rows=rows, shuffle=shuffle)
-    spec = DataSpec(rows="sequential_chunks", context="chunk", streams=True)
+    spec = DataSpec(rows="sequential_chunks", context="chunk", streams=True, stream_window=window)
     return builder.build_plan(spec, config, docs, lambda ts: [[5] * len(t.split()) for t in ts])
 
 
@@ -188,6 +188,94 @@ def test_evaluation_streams_have_no_padding_steps_at_the_end():
     plan = _stream_plan([5, 40, 3], rows=2, shuffle=False)
     grid = plan.streams(0)
     assert (grid[-1] >= 0).any() and plan.batches_per_epoch == 10  # the 40-sentence stream
+
+
+def test_a_window_holds_consecutive_chunks_of_every_stream():
+    """With ``stream_window = 2`` batch ``w`` holds the one-chunk plan's steps ``2w`` and
+    ``2w + 1`` of every stream, stream ``b``'s at rows ``2b`` and ``2b + 1``; an odd last step
+    is padded with an empty one."""
+    lengths = [3, 9, 1, 17, 4, 8, 2, 12]
+    one, two = _stream_plan(lengths, rows=3), _stream_plan(lengths, rows=3, window=2)
+    steps = one.streams(0)
+    assert two.batches_per_epoch == -(-steps.shape[0] // 2)
+    ep = two.epoch(0)
+    for w in range(two.batches_per_epoch):
+        rows = ep.batch(w).reshape(3, 2)
+        for i in range(2):
+            expected = steps[2 * w + i] if 2 * w + i < steps.shape[0] else np.full(3, -1)
+            np.testing.assert_array_equal(rows[:, i], expected)
+    assert set(ep.sizes.tolist()) == {6}
+
+
+def _window(rng, B, S, T, k):
+    """``k`` random chunks of ``B`` streams as one window batch (stream ``b``'s chunk ``i`` at
+    row ``b * k + i``), and the chunks themselves."""
+    chunks = [dict(_grid(rng, B, S, T), chunk_index=np.array([i, i + 1])) for i in range(k)]
+    window = {
+        key: np.stack([c[key] for c in chunks], axis=1).reshape(B * k, *chunks[0][key].shape[1:])
+        for key in chunks[0]
+    }
+    return window, chunks
+
+
+def _random_carry(model, rng, rows):
+    carry = recurrence.initial_carry(model.config, rows)
+    out = {n: rng.normal(size=v.shape).astype(np.float32) for n, v in carry.items()}
+    out["source_mask"] = np.ones(carry["source_mask"].shape, np.int32)
+    out["target_mask"] = (np.arange(carry["target_mask"].shape[1]) < 3)[None].repeat(rows, 0)
+    out["target_mask"] = out["target_mask"].astype(np.int32)
+    return out
+
+
+@pytest.mark.slow  # ~75 s: three compiled FINAL backward passes
+def test_bptt_window_gradient_equals_the_chunks_unrolled_by_hand():
+    """``bptt_chunks = 2``: the loss and gradient of a window equal those of its two chunks
+    decoded one after the other by hand, the second reading the state the first wrote without
+    a stop-gradient, the loss the token-weighted mean NLL computed here; and they differ from
+    the stop-gradient chain (so the window really trains how the state is written)."""
+    model = build_model(dict(TINY, bptt_chunks=2), 30)
+    rng = np.random.default_rng(7)
+    window, chunks = _window(rng, 2, 3, 5, 2)
+    carry = _random_carry(model, rng, 2)
+    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), chunks[0])["params"])
+    module = model.eval_module
+
+    def by_hand(params, detach):
+        state, nll, count = carry, 0.0, 0.0
+        for chunk in chunks:
+            logits, state = module.apply(
+                {"params": params},
+                chunk["src"],
+                chunk["src_mask"],
+                chunk["tgt"],
+                chunk["tgt_mask"],
+                state,
+                chunk["chunk_index"] > 0,
+                False,
+                method=module.forward_carried,
+            )
+            if detach:
+                state = jax.lax.stop_gradient(state)
+            logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+            picked = jnp.take_along_axis(logp, chunk["tgt"][..., None], axis=-1)[..., 0]
+            nll -= jnp.sum(picked * chunk["tgt_mask"])
+            count += jnp.sum(chunk["tgt_mask"])
+        return nll / count
+
+    def windowed(params):
+        return model.loss_with_carry(params, window, carry, None, False)[0]
+
+    loss, got = jax.jit(jax.value_and_grad(windowed))(params)
+    hand_loss, want = jax.jit(jax.value_and_grad(lambda p: by_hand(p, False)))(params)
+    detached = jax.jit(jax.grad(lambda p: by_hand(p, True)))(params)
+    np.testing.assert_allclose(loss, hand_loss, rtol=1e-6)
+    flat_got = jax.tree_util.tree_leaves(got)
+    flat_want = jax.tree_util.tree_leaves(want)
+    flat_detached = jax.tree_util.tree_leaves(detached)
+    for g, w in zip(flat_got, flat_want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+    moved = max(float(np.abs(g - d).max()) for g, d in zip(flat_got, flat_detached, strict=True))
+    assert moved > 1e-4
 
 
 # ------------------------------------------------------------------------- training and decoding

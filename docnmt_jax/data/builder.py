@@ -58,6 +58,7 @@ def pipeline_config(
         packing=packing,
         sequential_sentences=decoding and spec.sequential,
         streams=spec.streams and not decoding,
+        stream_window=spec.stream_window if spec.streams and not decoding else 1,
     )
     problem = None if decoding else spec.limits.violation(config)
     if problem is not None:

@@ -116,6 +116,9 @@ class PipelineConfig:
     # from the token budget).
     streams: bool = False
     stream_rows: int = 0
+    # Chunks of each stream a batch holds, consecutive (back-propagation through them: a
+    # batch of ``stream_window * B`` rows, stream ``b``'s chunks at rows ``b*k .. b*k+k-1``).
+    stream_window: int = 1
 
     def __post_init__(self) -> None:
         for name in (
@@ -124,6 +127,7 @@ class PipelineConfig:
             "max_tgt_len",
             "process_count",
             "batch_multiple",
+            "stream_window",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"PipelineConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -276,6 +280,7 @@ class DataSpec:
     packing: PackingConfig | None = None
     limits: DataLimits = DataLimits()
     streams: bool = False  # trained on document streams (stream_plan.py): carries state
+    stream_window: int = 1  # consecutive chunks of a stream per batch (streams only)
 
     def __post_init__(self) -> None:
         if self.rows not in ROWS:

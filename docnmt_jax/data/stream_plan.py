@@ -16,6 +16,11 @@ rows per stream. Without shuffling (evaluation, decoding) every epoch is the sam
 exactly as many steps as its longest stream. ``B`` is ``config.stream_rows``, or, when 0,
 the token budget over ``S`` sentences of the corpus's mean padded length.
 
+``config.stream_window = k > 1`` (back-propagation through ``k`` chunks, recurrent FINAL's
+``bptt_chunks``): batch ``w`` holds steps ``k*w .. k*w + k - 1`` of every stream, stream ``b``'s
+chunk ``i`` at row ``b*k + i`` (a process's rows hold whole streams), ``k * B`` rows, the
+buckets those of the window's largest chunk; the epoch's last window is padded with empty steps.
+
 The ``T`` bucket of a step holds every sentence of its chunks and, for a row that continues,
 the target of the previous chunk's last sentence (the state a model carries is that long);
 ``S`` is the bucket of the step's largest chunk (in training always ``max_sentences``: nearly
@@ -73,9 +78,12 @@ class StreamPlan(BatchPlan):
         last_tgt = corpus.tgt.lengths[np.maximum(c["start"] - 1, 0)]
         self._step_len = np.where(c["index"] > 0, np.maximum(c["longest"], last_tgt), c["longest"])
         total, longest = int(c["doc"].size), int(per_doc.max(initial=0))
-        self.batches_per_epoch = -(-total // self.stream_rows) + longest - 1 if total else 0
+        #: chunks of each stream an epoch holds (one a stream step)
+        self.stream_steps = -(-total // self.stream_rows) + longest - 1 if total else 0
         if not config.shuffle and total:  # every epoch is the same: no padding steps at its end
-            self.batches_per_epoch = int(self._deal(np.arange(per_doc.size))[1].max())
+            self.stream_steps = int(self._deal(np.arange(per_doc.size))[1].max())
+        self.window = config.stream_window
+        self.batches_per_epoch = -(-self.stream_steps // self.window)
         self._cache: tuple[int, EpochPlan] | None = None
         self._tables = None
         self.stats = corpus_stats(corpus, total)
@@ -99,7 +107,7 @@ class StreamPlan(BatchPlan):
         rng = np.random.default_rng((cfg.seed, e))
         order = rng.permutation(n_docs) if cfg.shuffle else np.arange(n_docs)
         grid, _ = self._deal(order)
-        return grid[: self.batches_per_epoch]
+        return grid[: self.stream_steps]
 
     def _deal(self, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The documents ``order`` dealt out to the streams: ``[steps, B]`` chunk ids (the
@@ -117,10 +125,16 @@ class StreamPlan(BatchPlan):
         return grid, load
 
     def epoch(self, e: int) -> EpochPlan:
-        """The global batches of epoch ``e`` (cached): one step of every stream each."""
+        """The global batches of epoch ``e`` (cached): ``window`` consecutive steps of every
+        stream each, stream ``b``'s chunks at rows ``b*k .. b*k+k-1`` (``k = window``; the
+        epoch's last window padded with empty steps)."""
         if self._cache is not None and self._cache[0] == e:
             return self._cache[1]
-        grid = self.streams(e)
+        k, rows = self.window, self.stream_rows
+        steps = self.streams(e)
+        grid = np.full((self.batches_per_epoch * k, rows), -1, np.int64)
+        grid[: steps.shape[0]] = steps
+        grid = grid.reshape(-1, k, rows).transpose(0, 2, 1).reshape(-1, k * rows)
         real = grid >= 0
         safe = np.maximum(grid, 0)
         count = np.where(real, self.chunk_table["count"][safe], 0).max(axis=1, initial=1)
@@ -130,7 +144,7 @@ class StreamPlan(BatchPlan):
             sb = sb[-1:]
         s = sb[np.minimum(np.searchsorted(sb, count), sb.size - 1)]
         t = tb[np.minimum(np.searchsorted(tb, longest), tb.size - 1)]
-        sizes = np.full(grid.shape[0], self.stream_rows, np.int32)
+        sizes = np.full(grid.shape[0], k * rows, np.int32)
         plan = EpochPlan(
             grid.reshape(-1).astype(np.int32), sizes, s.astype(np.int32), t.astype(np.int32)
         )

@@ -414,14 +414,15 @@ class FinalModel(BaseModel):
         sentence's source and target offsets within ``packed_drift`` (the bound the
         cross-attention windows rely on). Packed rows are banded for sentences of at most
         ``max_sentence_len`` tokens and chunks of at most ``max_segments`` sentences: longer
-        ones would lose keys silently. Recurrent: document streams on the grid, sentences of
-        at most ``max_sentence_len`` tokens (the carried target memory's length)."""
+        ones would lose keys silently. Recurrent: document streams on the grid (``bptt_chunks``
+        chunks of a stream a batch), sentences of at most ``max_sentence_len`` tokens."""
         cfg = self.config
         if cfg.recurrent:
             return DataSpec(
                 rows=self.layout.value,
                 context="chunk",
                 streams=True,
+                stream_window=cfg.bptt_chunks,
                 limits=DataLimits(
                     packed_sentence_tokens=Bound(cfg.max_sentence_len, "max_sentence_len"),
                     chunk_sentences=Bound(cfg.max_segments, "max_segments"),
@@ -446,10 +447,8 @@ class FinalModel(BaseModel):
         """The state before the first chunk of ``rows`` documents."""
         return recurrence.initial_carry(self.config, rows)
 
-    def loss_with_carry(
-        self, params: Any, batch: dict[str, Array], carry: Any, rng: Array | None, train: bool
-    ) -> tuple[Array, Any, recurrence.Carry]:
-        """:meth:`loss` of stream chunks with the state their predecessors left, and theirs."""
+    def loss_with_carry(self, params: Any, batch: Any, carry: Any, rng: Any, train: bool):
+        """:meth:`loss` of stream chunks (``bptt_chunks`` a stream) with the carried state."""
         return recurrence.carried_loss(self, params, batch, carry, rng, train)
 
     def carried_search_inputs(self, params: Any, batch: dict[str, Array], carry: Any, search: Any):

@@ -120,6 +120,7 @@ class FinalConfig(TransformerConfig):
     packed_drift: int = 16
     max_sentence_len: int = 128
     recurrent: bool = False  # context across chunks: final_recurrence.py
+    bptt_chunks: int = 1  # recurrent: chunks of a stream back-propagated through together
 
     def __post_init__(self) -> None:
         if self.doc2sent_cross_attention not in DOC2SENT_CROSS_ATTENTION:
@@ -139,6 +140,8 @@ class FinalConfig(TransformerConfig):
             raise ValueError(f"packed_drift must be >= 0: {self.packed_drift}")
         if self.max_sentence_len < 1:
             raise ValueError(f"max_sentence_len must be >= 1: {self.max_sentence_len}")
+        if self.bptt_chunks < 1 or (self.bptt_chunks > 1 and not self.recurrent):
+            raise ValueError(f"bptt_chunks must be 1, or >= 1 with recurrent: {self.bptt_chunks}")
         if self.recurrent and not (
             self.xl_decoder and self.segment_relative_attention and not self.cross_attends_chunk
         ):

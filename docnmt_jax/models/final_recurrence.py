@@ -193,11 +193,12 @@ class RecurrentSteps(nn.Module):
         tgt_mask: Array,
         carry: Carry,
         continues: Array,
+        detach: bool = True,
     ) -> tuple[Array, Carry]:
         """Logits ``[B, S, T, V]`` of chunks ``[B, S, T]`` read with ``carry`` where
-        ``continues [B]``, and the state they leave (stop-gradient, the shapes of
-        :func:`empty_carry`): the summaries of their encoding and the decoder layer inputs of
-        their last real sentence."""
+        ``continues [B]``, and the state they leave (the shapes of :func:`empty_carry`): the
+        summaries of their encoding and the decoder layer inputs of their last real sentence;
+        stop-gradient with ``detach`` (else the next chunk's loss trains how it is written)."""
         cfg = self.config
         carry = continued(carry, continues)
         encoded = self.encode(src, src_mask, (carry["source"], carry["source_mask"]))
@@ -216,7 +217,7 @@ class RecurrentSteps(nn.Module):
         new["target_mask"] = pad_length(last_sentence(tgt_mask, sentences), length)
         for name, states in zip(layer_names, inputs, strict=True):
             new[name] = pad_length(last_sentence(states, sentences), length)
-        return logits, jax.lax.stop_gradient(new)
+        return logits, jax.lax.stop_gradient(new) if detach else new
 
 
 def initial_carry(config: Any, rows: int) -> Carry:
@@ -236,10 +237,32 @@ def carried_loss(
     model: Any, params: Any, batch: dict[str, Array], carry: Carry, rng: Array | None, train: bool
 ) -> tuple[Array, Any, Carry]:
     """The label-smoothed loss and metrics of a stream batch's chunks read with ``carry`` (rows
-    whose ``chunk_index > 0`` continue their document), and the state they leave."""
-    from docnmt_jax.models.base import require_grid, token_metrics
+    whose ``chunk_index > 0`` continue their document), and the state they leave. With
+    ``bptt_chunks = k > 1`` the batch holds ``k`` consecutive chunks of every stream
+    (:class:`~docnmt_jax.data.stream_plan.StreamPlan`'s windows): :func:`window_loss`."""
+    from docnmt_jax.models.base import require_grid
 
     require_grid(batch, "loss_with_carry")
+    if model.config.bptt_chunks > 1:
+        return window_loss(model, params, batch, carry, rng, train)
+    metrics, new_carry = chunk_metrics(model, params, batch, carry, rng, train, detach=True)
+    loss = metrics["loss"].total / jnp.maximum(metrics["loss"].weight, 1.0)
+    return loss, metrics, new_carry
+
+
+def chunk_metrics(
+    model: Any,
+    params: Any,
+    batch: dict[str, Array],
+    carry: Carry,
+    rng: Array | None,
+    train: bool,
+    detach: bool,
+) -> tuple[Any, Carry]:
+    """Token metrics (sums) of one chunk per row read with ``carry``, and the state it leaves
+    (stop-gradient with ``detach``)."""
+    from docnmt_jax.models.base import token_metrics
+
     module = model.train_module if train else model.eval_module
     logits, new_carry = module.apply(
         {"params": params},
@@ -249,6 +272,7 @@ def carried_loss(
         batch["tgt_mask"],
         carry,
         batch["chunk_index"] > 0,
+        detach,
         rngs={"dropout": rng} if train else {},
         method=module.forward_carried,
     )
@@ -259,8 +283,38 @@ def carried_loss(
         batch["tgt_mask"].reshape(-1, T),
         model.label_smoothing,
     )
-    loss = metrics["loss"].total / jnp.maximum(metrics["loss"].weight, 1.0)
-    return loss, metrics, new_carry
+    return metrics, new_carry
+
+
+def window_loss(
+    model: Any, params: Any, batch: dict[str, Array], carry: Carry, rng: Array | None, train: bool
+) -> tuple[Array, Any, Carry]:
+    """Truncated back-propagation through ``k = bptt_chunks`` chunks: the batch's ``k * B``
+    rows hold ``k`` consecutive chunks of each of ``B`` streams (stream ``b``'s chunk ``i`` at
+    row ``b * k + i``). Chunk ``i + 1`` reads the state chunk ``i`` left *with* its gradient,
+    so its loss trains how the state is written as well as read; ``carry`` (the state before
+    the window) is a constant, and the state the window leaves is stop-gradient. Each chunk
+    is rematerialised in the backward pass (``jax.checkpoint``): memory grows with ``k``, not
+    with the document. The loss is the token-weighted mean over the window's chunks."""
+    k = model.config.bptt_chunks
+    rows = batch["src"].shape[0] // k
+    chunks = [
+        {key: value.reshape(rows, k, *value.shape[1:])[:, i] for key, value in batch.items()}
+        for i in range(k)
+    ]
+
+    def one(params: Any, chunk: dict[str, Array], carry: Carry, rng: Array | None) -> tuple:
+        return chunk_metrics(model, params, chunk, carry, rng, train, detach=False)
+
+    step = jax.checkpoint(one)
+    total = None
+    for i, chunk in enumerate(chunks):
+        metrics, carry = step(
+            params, chunk, carry, None if rng is None else jax.random.fold_in(rng, i)
+        )
+        total = metrics if total is None else {n: total[n] + metrics[n] for n in total}
+    loss = total["loss"].total / jnp.maximum(total["loss"].weight, 1.0)
+    return loss, total, jax.lax.stop_gradient(carry)
 
 
 def empty_decode_carry(config: Any, rows: int) -> Carry:
