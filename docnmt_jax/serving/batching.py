@@ -8,11 +8,12 @@ longer than that runs alone).
 
 **Fair batching**: a job is split into its documents (a ``sentences`` request: one document
 a sentence), and a cycle takes one document of every pending job in turn, in arrival order,
-round after round until the cycle is full. A job larger than a cycle therefore runs over
+round after round until the cycle is full, each job taking at most its fair share of the
+cycle (``max_batch_sentences`` over the jobs with work). A job larger than its share runs over
 several cycles, each shared with the requests that arrived meanwhile: a one-sentence request
-waits for the model call under way and then runs in the next one, not behind a whole
-256-sentence job. When the worker is idle it gathers requests for ``max_batch_wait_s`` after
-the first (or until they fill a cycle).
+waits for the model call under way and then runs in a small call beside a slice of the large
+job, not behind the whole 256-sentence job. When the worker is idle it gathers requests for
+``max_batch_wait_s`` after the first (or until they fill a cycle).
 
 Next-sentence jobs of the same document are serialized: only the first pending one of a
 document runs in a cycle, so a document's sentences are translated in the order they arrived,
@@ -162,33 +163,49 @@ Piece = tuple[TranslateJob, int]  # a job's document, by index
 def plan_cycle(jobs: Sequence[Job], max_sentences: int) -> tuple[list[Piece], list[Any]]:
     """The pieces of one cycle from ``jobs`` (arrival order): one unit of each job in turn
     (a document of a :class:`TranslateJob`, a :class:`NextSentenceJob` that is its
-    document's first pending one), round after round, while they fit ``max_sentences``
-    (the first unit always does). Advances the jobs' ``next_document``."""
-    jobs = [job for job in jobs if not job.done]
+    document's first pending one), round after round, while they fit ``max_sentences`` (a
+    cycle's first unit always does) and each job's fair share of it (its first unit always
+    does), ``max_sentences`` over
+    the jobs with work. Advances the jobs' ``next_document``."""
     first_of_document: dict[str, Job] = {}
     for job in jobs:
-        if isinstance(job, NextSentenceJob):
+        if isinstance(job, NextSentenceJob) and not job.done:
             first_of_document.setdefault(job.doc_id, job)
+    ready = [
+        job
+        for job in jobs
+        if not job.done
+        and (
+            (isinstance(job, TranslateJob) and job.next_document < len(job.documents))
+            or first_of_document.get(getattr(job, "doc_id", None)) is job
+        )
+    ]
+    share = max(1, max_sentences // max(1, len(ready)))
+    taken = {id(job): 0 for job in ready}
     pieces: list[Piece] = []
     following: list[NextSentenceJob] = []
     size, added = 0, True
     while added and size < max_sentences:
         added = False
-        for job in jobs:
-            if isinstance(job, TranslateJob) and job.next_document < len(job.documents):
-                n = len(job.documents[job.next_document])
-                if size and size + n > max_sentences:
+        for job in ready:
+            if isinstance(job, TranslateJob):
+                if job.next_document >= len(job.documents):
                     continue
+                n = len(job.documents[job.next_document])
+            elif job in following:
+                continue
+            else:
+                n = 1
+            if size and size + n > max_sentences:
+                continue  # the first unit of a cycle always fits
+            if taken[id(job)] and taken[id(job)] + n > share:
+                continue  # so does a job's first unit in it
+            if isinstance(job, TranslateJob):
                 pieces.append((job, job.next_document))
                 job.next_document += 1
-            elif isinstance(job, NextSentenceJob) and first_of_document.get(job.doc_id) is job:
-                if size and size + 1 > max_sentences:
-                    continue
-                following.append(job)
-                del first_of_document[job.doc_id]
-                n = 1
             else:
-                continue
+                following.append(job)
+            taken[id(job)] += n
             size, added = size + n, True
             if size >= max_sentences:
                 break
