@@ -19,7 +19,8 @@ from docnmt_jax import cli
 from docnmt_jax.commands import export as export_command
 from docnmt_jax.data import readers
 from docnmt_jax.data.documents import Document, write_tsv
-from docnmt_jax.decoding.search import SearchConfig, compile_translate
+from docnmt_jax.decoding.compiled import compile_translate
+from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.errors import ModelError, UserError
 from docnmt_jax.export import release, stablehlo
 from docnmt_jax.training import restore

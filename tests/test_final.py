@@ -11,9 +11,9 @@ import pytest
 from conftest import TABLE3_SWITCHES
 
 from docnmt_jax.decoding.beam_search import beam_search
+from docnmt_jax.decoding.compiled import compile_translate
 from docnmt_jax.decoding.search import (
     SearchConfig,
-    compile_translate,
     encode_in_groups,
     source_length_limits,
 )

@@ -148,6 +148,4 @@ def test_holm_over_the_document_rows_and_the_converged_goal(tmp_path):
     assert "in each of 2 seed pair(s): holds" in goals
     assert "doct_two_step" in goals and "1 seed pair(s): does not hold" in goals
     paired["final_finetuned_seed1"]["bs"]["d_bleu"]["system"] = 21.4  # +1.4 < 1.5
-    assert "2 seed pair(s): does not hold" in "\n".join(
-        results_report.converged_goals({}, paired)
-    )
+    assert "2 seed pair(s): does not hold" in "\n".join(results_report.converged_goals({}, paired))

@@ -14,7 +14,7 @@ Bible's test split by default; its first ``--corpus-test-docs`` if given; ``''``
 Every model translates them the way ``launch/translate.py`` does -- the Translator's own
 pipeline config (FINAL's budget counting one sentence per chunk), blocks of 256 documents
 planned by ``Translator.batches`` (few shapes, chunks grouped by length), the search compiled by
-``search.compile_translate`` -- with beam ``--beam`` and greedy, in batches of
+``compiled.compile_translate`` -- with beam ``--beam`` and greedy, in batches of
 ``--corpus-translate-tokens`` source tokens. Parameters: a trained run with
 ``--corpus-checkpoint MODEL=WORKDIR`` (restored as ``translate.py`` restores it: the best
 checkpoint, the run's tokenizer, model config, ``max_sentences`` and translate.py's search
@@ -205,7 +205,7 @@ class TranslateRun:
         import numpy as np
 
         from docnmt_jax.benchmarking.compilation import CompileWatch
-        from docnmt_jax.decoding.search import compile_translate
+        from docnmt_jax.decoding.compiled import compile_translate
         from docnmt_jax.decoding.translator import Translator
 
         self.name, self.search, self.forced_len, self.source = name, search, forced_len, source

@@ -145,7 +145,7 @@ class OursRun:
         import jax
         import numpy as np
 
-        from docnmt_jax.decoding.search import compile_translate
+        from docnmt_jax.decoding.compiled import compile_translate
         from docnmt_jax.decoding.translator import Translator
         from docnmt_jax.export import ctranslate2_equality as equality
 

@@ -53,7 +53,7 @@ def fixed_search(beam: int, length: int) -> Any:
 
 class DecodeRun:
     """``task.translate`` with beam ``beam`` (1: greedy) on ``batch``, in calls of ``rows``
-    chunks each, compiled as the Translator does (``search.compile_translate``) and
+    chunks each, compiled as the Translator does (``compiled.compile_translate``) and
     run once (compilation timed; XLA compilations counted in that run and, apart, in the timed
     calls, which should have none)."""
 
@@ -62,7 +62,7 @@ class DecodeRun:
     ):
         import jax
 
-        from docnmt_jax.decoding.search import compile_translate
+        from docnmt_jax.decoding.compiled import compile_translate
 
         self.name, self.batch, self.beam, self.args = name, batch, beam, args
         self.search = fixed_search(beam, args.decode_len)

@@ -19,7 +19,7 @@ def profile_section(args: argparse.Namespace, results: Results) -> Results:
     greedy decode."""
     import jax
 
-    from docnmt_jax.decoding.search import compile_translate
+    from docnmt_jax.decoding.compiled import compile_translate
 
     batch = make_batch(args, args.chunks, args.sentences, args.length)
     traces = {}

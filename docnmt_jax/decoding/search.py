@@ -20,7 +20,6 @@ Models describe their decoder with flax methods (``encode``, ``init_cache``, ``d
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -31,7 +30,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from docnmt_jax import parallel
 from docnmt_jax.data.tokenizer import PAD_ID
 from docnmt_jax.decoding.beam_search import BeamResult, Sampling, beam_search, length_penalty
 
@@ -261,7 +259,7 @@ def scan_slots(
     return _slot_outputs(ids, aux, batch["src_mask"])
 
 
-def _loop_slots(model: Any, search: SearchConfig, jit: Callable[..., Any]) -> TranslateFn:
+def loop_slots(model: Any, search: SearchConfig, jit: Callable[..., Any]) -> TranslateFn:
     """:func:`scan_slots` as a Python loop of one jitted search per slot, dispatched
     asynchronously (no host synchronisation between slots). On XLA:CPU the search loop nested
     in the scan ran 7% slower than the same searches as separate executions
@@ -311,7 +309,7 @@ def stream_translate(
     (:class:`~docnmt_jax.data.stream_plan.StreamPlan`: each row continues its document, one
     chunk a call) by a model that carries state across chunks (recurrent FINAL,
     :mod:`docnmt_jax.models.final_recurrence`): ``(params, batch) -> (ids [B, S, L], aux)``
-    as :func:`_loop_slots`, every chunk read with what the row's previous chunk left (the
+    as :func:`loop_slots`, every chunk read with what the row's previous chunk left (the
     summaries of its encoding, the chosen translation's decoder states of its last sentence);
     rows with ``chunk_index == 0`` read none. That state stays on the device in ``held``
     between calls (shared by the translator's searches of every output cap; empty whenever
@@ -352,39 +350,3 @@ def stream_translate(
         return finish(outputs, batch["src_mask"])
 
     return translate
-
-
-def compile_translate(
-    model: Any,
-    search: SearchConfig,
-    mesh: parallel.Layout | None = None,
-    carried: dict[str, PyTree] | None = None,
-) -> TranslateFn:
-    """The compiled ``(params, batch) -> (ids [B, S, L], aux)`` of ``model``: its pure
-    ``translate`` under one ``jax.jit``, or for slot-by-slot models (``model.layout``) a loop
-    of jitted slot searches. With a ``mesh`` the host batch is placed with its rows split over
-    ``data x fsdp`` (every process holds the same batch), the models' activation constraints
-    are active, and the outputs come back replicated; the parameters must already carry their
-    shardings."""
-    active = mesh.activate if mesh is not None else contextlib.nullcontext
-
-    def jit(fn: Callable[..., Any], out: bool = False, **kwargs: Any) -> Callable[..., Any]:
-        def body(*args: Any) -> Any:
-            with active():
-                return fn(*args)
-
-        if out and mesh is not None:
-            kwargs["out_shardings"] = mesh.replicated
-        return jax.jit(body, **kwargs)
-
-    from docnmt_jax.models import contract  # here: the models import this module
-
-    if contract.carries_state(model):  # context across chunks: document streams
-        translate = stream_translate(model, search, jit, {} if carried is None else carried)
-    elif model.layout.sequential:
-        translate = _loop_slots(model, search, jit)
-    else:
-        translate = jit(functools.partial(model.translate, search=search), out=True)
-    if mesh is None:
-        return translate
-    return lambda params, batch: translate(params, parallel.replicated_batch(batch, mesh.batch))

@@ -3,7 +3,7 @@ order.
 
 The model-specific part is the model's search (the search capability,
 :meth:`~docnmt_jax.models.contract.Searchable.translate`, compiled by
-:func:`~docnmt_jax.decoding.search.compile_translate`: ``(params, batch) -> (ids [B, S, L],
+:func:`~docnmt_jax.decoding.compiled.compile_translate`: ``(params, batch) -> (ids [B, S, L],
 aux)``; a model without it is a one-line :class:`~docnmt_jax.errors.CapabilityError`); this
 module feeds it fixed-shape batches of the model's chunks (``model.layout``), grouped by length
 in at most four shapes (:class:`~docnmt_jax.data.translation_plan.TranslationPlan`), so it
@@ -53,7 +53,8 @@ from docnmt_jax.data.stream_plan import StreamPlan, stream_rows
 from docnmt_jax.data.tokenized import LongSentencesError, TokenizedCorpus
 from docnmt_jax.data.tokenizer import PAD_ID, Tokenizer
 from docnmt_jax.data.translation_plan import TranslationPlan
-from docnmt_jax.decoding.search import SearchConfig, TranslateFn, compile_translate
+from docnmt_jax.decoding.compiled import compile_translate
+from docnmt_jax.decoding.search import SearchConfig, TranslateFn
 from docnmt_jax.errors import CapabilityError, TextTooLongError
 from docnmt_jax.models import contract
 from docnmt_jax.models.contract import Searchable, SlotSearch, require

@@ -29,7 +29,8 @@ import numpy as np
 
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
-from docnmt_jax.decoding.search import SearchConfig, compile_translate
+from docnmt_jax.decoding.compiled import compile_translate
+from docnmt_jax.decoding.search import SearchConfig
 from docnmt_jax.decoding.translator import Translator
 from docnmt_jax.export import ctranslate2 as conversion
 
