@@ -382,3 +382,22 @@ def test_an_evicted_document_is_409_never_a_restart():
         assert srv.call("DELETE", "/documents/a")[0] == 200  # forgotten: it may start again
         status, answer, _ = srv.call("POST", "/documents/a/next", {"sentence": "t"})
         assert (status, answer["index"]) == (200, 0)
+
+
+def test_the_load_test_measures_small_requests_beside_a_large_job(tmp_path, capsys):
+    from docnmt_jax.commands import serve_load_test
+
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n", encoding="utf-8")
+    access = guard.Access.for_address("127.0.0.1", token=TOKEN)
+    with Running(Fake(delay_s=0.01), access=access) as srv:
+        url = f"--url=http://127.0.0.1:{srv.port}"
+        flags = ["--requests=8", "--concurrency=2", "--large_sentences=64"]
+        try:
+            assert serve_load_test.main([url, *flags, f"--token_file={token}"]) == 0
+        finally:
+            serve_load_test.HEADERS.pop("Authorization", None)
+        summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert summary["status_counts"] == {"200": 8} and summary["large"]["answered"] >= 1
+        assert summary["large"]["sentences"] == 64 and summary["p50_ms"] <= summary["p95_ms"]
+        assert any(len(docs) == 64 for kind, docs in srv.model.calls if kind == "translate")

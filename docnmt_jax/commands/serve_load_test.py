@@ -2,7 +2,7 @@
 
     python launch/serve_load_test.py --url http://127.0.0.1:8000 \\
         [--requests 200 --concurrency 8 --next_fraction 0.5 --sentences_per_request 1]
-        [--warmup 1]
+        [--warmup 1] [--large_sentences 256] [--token_file FILE]
 
 Fires ``--requests`` requests from ``--concurrency`` client threads, each sending its next
 request as soon as its last is answered: a ``--next_fraction`` of them ``POST
@@ -15,6 +15,12 @@ documents it made are deleted at the end. ``--warmup N`` runs the same workload 
 untimed first: a fresh server compiles its search once per batch shape (seconds each), which
 the measured run should not count. A server that does not answer ``/health`` is a one-line
 error.
+
+``--large_sentences N`` adds one more client that sends ``POST /translate`` jobs of ``N``
+sentences one after the other while the others run: the summary's latencies are still those
+of the other (small) requests, and ``large`` gives the large jobs' count and latencies, so
+that a small request's wait beside a large job shows. ``--token_file`` sends the server's
+bearer token.
 """
 
 from __future__ import annotations
@@ -70,7 +76,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--warmup", type=int, default=0, help="untimed runs of the workload first (compilations)"
     )
+    p.add_argument(
+        "--large_sentences",
+        type=int,
+        default=0,
+        help="one more client sending /translate jobs of this many sentences meanwhile",
+    )
+    p.add_argument("--token_file", default="", help="the server's bearer token")
     return p
+
+
+#: The headers every request sends (``Authorization`` once ``--token_file`` is read).
+HEADERS: dict[str, str] = {"Content-Type": "application/json"}
 
 
 def call(
@@ -79,8 +96,7 @@ def call(
     """``(status, JSON answer)`` of one request; a refused connection or a timeout is status
     0 with the reason as the error."""
     data = None if body is None else json.dumps(body).encode("utf-8")
-    request = urllib.request.Request(url, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
+    request = urllib.request.Request(url, data=data, method=method, headers=HEADERS)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status, json.loads(response.read())
@@ -118,6 +134,36 @@ def _plan(args: argparse.Namespace, sentences: Sequence[str]) -> list[list[tuple
     return plans
 
 
+def latency_summary(latencies: Sequence[float]) -> dict[str, float]:
+    """``p50_ms``, ``p95_ms``, ``mean_ms``, ``max_ms`` of ``latencies`` (ms; empty: {})."""
+    if not latencies:
+        return {}
+    return {
+        "p50_ms": round(percentile(latencies, 50), 1),
+        "p95_ms": round(percentile(latencies, 95), 1),
+        "mean_ms": round(sum(latencies) / len(latencies), 1),
+        "max_ms": round(max(latencies), 1),
+    }
+
+
+def _large_jobs(
+    base: str, args: argparse.Namespace, sentences: Sequence[str], stop: threading.Event
+) -> list[float]:
+    """Sends ``--large_sentences`` jobs one after the other until ``stop``; their latencies
+    (ms) of those answered 200."""
+    texts = itertools.cycle(sentences)
+    body = {"sentences": [next(texts) for _ in range(args.large_sentences)]}
+    latencies = []
+    while not stop.is_set():
+        start = time.perf_counter()
+        status, _ = call(base + "/translate", "POST", body, args.timeout_s)
+        if status == 200:
+            latencies.append(1000 * (time.perf_counter() - start))
+        elif status == 0:
+            break
+    return latencies
+
+
 def load_test(args: argparse.Namespace, sentences: Sequence[str]) -> dict[str, Any]:
     """Runs the load test (module docstring) and returns its summary."""
     base = args.url.rstrip("/")
@@ -125,6 +171,13 @@ def load_test(args: argparse.Namespace, sentences: Sequence[str]) -> dict[str, A
     latencies: list[float] = []
     statuses: collections.Counter[int] = collections.Counter()
     lock = threading.Lock()
+    stop, large = threading.Event(), []
+    if args.large_sentences:
+        worker = threading.Thread(
+            target=lambda: large.extend(_large_jobs(base, args, sentences, stop))
+        )
+        worker.start()
+        time.sleep(0.5)  # the first large job is under way before the small requests start
 
     def client(plan: list[tuple[str, Any]]) -> None:
         for path, body in plan:
@@ -143,6 +196,9 @@ def load_test(args: argparse.Namespace, sentences: Sequence[str]) -> dict[str, A
     for thread in threads:
         thread.join()
     seconds = time.perf_counter() - start
+    if args.large_sentences:
+        stop.set()
+        worker.join()
     documents = {path.rsplit("/", 1)[0] for plan in plans for path, _ in plan if "/next" in path}
     for document in sorted(documents):
         call(base + document, "DELETE", timeout_s=args.timeout_s)
@@ -154,11 +210,10 @@ def load_test(args: argparse.Namespace, sentences: Sequence[str]) -> dict[str, A
         "seconds": round(seconds, 3),
         "requests_per_s": round(args.requests / seconds, 2),
     }
-    if latencies:
-        summary["p50_ms"] = round(percentile(latencies, 50), 1)
-        summary["p95_ms"] = round(percentile(latencies, 95), 1)
-        summary["mean_ms"] = round(sum(latencies) / len(latencies), 1)
-        summary["max_ms"] = round(max(latencies), 1)
+    summary.update(latency_summary(latencies))
+    if args.large_sentences:
+        summary["large"] = {"sentences": args.large_sentences, "answered": len(large)}
+        summary["large"].update(latency_summary(large))
     return summary
 
 
@@ -167,6 +222,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("requests", "concurrency", "sentences_per_request", "document_sentences"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name}={getattr(args, name)}: must be at least 1")
+    if args.large_sentences < 0:
+        raise UserError(f"--large_sentences={args.large_sentences}: must be >= 0")
+    if args.token_file:
+        from docnmt_jax.serving.guard import read_token
+
+        HEADERS["Authorization"] = f"Bearer {read_token(args.token_file)}"
     if args.warmup < 0:
         raise UserError(f"--warmup={args.warmup}: must be >= 0")
     if not 0 <= args.next_fraction <= 1:
