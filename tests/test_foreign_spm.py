@@ -142,7 +142,8 @@ def test_translator_and_model_built_on_a_foreign_tokenizer(tmp_path, foreign_pat
     config = tiny_config(str(tmp_path))
     config.data.tokenizer = foreign_path
     tok = data_setup.get_tokenizer(config, str(tmp_path), [])
-    assert tok.maps_ids and not os.path.exists(tmp_path / "spm.model")
+    copy = (tmp_path / "spm.model").read_bytes()  # copied into the workdir, not trained
+    assert tok.maps_ids and copy == open(foreign_path, "rb").read()
     model = build_model(config.model, tok.vocab_size)
     params = jax.eval_shape(model.init, jax.random.PRNGKey(0), dummy_batch())["params"]
     rows = {leaf.shape[0] for leaf in jax.tree_util.tree_leaves(params) if leaf.ndim == 2}
