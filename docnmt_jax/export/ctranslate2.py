@@ -278,21 +278,9 @@ def decoding_length(limit: int) -> int:
 
 
 def check_target(out: str, workdir: str, overwrite: bool) -> None:
-    """Refuses an ``out`` that is (or holds) ``workdir``, a file, or a non-empty directory
-    (with ``overwrite``: a non-empty directory that is not an earlier CTranslate2 export)."""
-    out_abs, run_abs = os.path.abspath(out), os.path.abspath(workdir)
-    if out_abs == run_abs or run_abs.startswith(out_abs + os.sep):
-        raise UserError(f"--out={out} would replace the run {workdir} itself")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise UserError(f"--out={out} exists and is not a directory")
-    if os.path.isdir(out) and os.listdir(out):
-        if not overwrite:
-            raise UserError(f"--out={out} exists and is not empty (--overwrite replaces it)")
-        if not os.path.isfile(os.path.join(out, METADATA_FILE)):
-            raise UserError(
-                f"--out={out} is not empty and not a CTranslate2 export (no {METADATA_FILE}): "
-                "not replaced even with --overwrite"
-            )
+    """:func:`~docnmt_jax.export.release.check_target` for a CTranslate2 export (its
+    ``docnmt_export.json`` marks an earlier one, which ``--overwrite`` may replace)."""
+    release.check_target(out, workdir, overwrite, METADATA_FILE, "a CTranslate2 export")
 
 
 def _staging_dir(out: str) -> str:

@@ -219,9 +219,12 @@ def read_params(directory: str, manifest: Mapping[str, Any]) -> dict[str, np.nda
 # ------------------------------------------------------------------- writing the directory
 
 
-def check_target(out: str, workdir: str, overwrite: bool) -> None:
+def check_target(
+    out: str, workdir: str, overwrite: bool, marker: str = MANIFEST, kind: str = "a release"
+) -> None:
     """Refuses an ``out`` that is (or holds) ``workdir``, a file, or a non-empty directory
-    (with ``overwrite``: a non-empty directory that is not a release)."""
+    (with ``overwrite``: a non-empty directory that is not ``kind``, i.e. holds no ``marker``
+    file)."""
     out_abs, run_abs = os.path.abspath(out), os.path.abspath(workdir)
     if out_abs == run_abs or run_abs.startswith(out_abs + os.sep):
         raise UserError(f"--out={out} would replace the run {workdir} itself")
@@ -230,9 +233,9 @@ def check_target(out: str, workdir: str, overwrite: bool) -> None:
     if os.path.isdir(out) and os.listdir(out):
         if not overwrite:
             raise UserError(f"--out={out} exists and is not empty (--overwrite replaces it)")
-        if not is_release(out):
+        if not os.path.isfile(os.path.join(out, marker)):
             raise UserError(
-                f"--out={out} is not empty and not a release (no {MANIFEST}): not replaced "
+                f"--out={out} is not empty and not {kind} (no {marker}): not replaced "
                 "even with --overwrite"
             )
 
