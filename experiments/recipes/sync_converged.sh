@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Copies the converged campaign's finished rows into the checkout and rewrites the report:
 #
-#   bash experiments/recipes/sync_converged.sh WORK/out
+#   bash experiments/recipes/sync_converged.sh WORK/out [more results.py flags, e.g. --quick]
 #
 # Per finished row (its params stage saved), docs/results_converged/rows/ROW/ gets its stage
 # records (train, measure, synthetic, params, paired .json), test translations (test.hyp.tsv,
@@ -31,5 +31,5 @@ release_flag=()
 [ -f "$RELEASE/release.json" ] && release_flag=(--init_release "transformer=$RELEASE")
 cd "$REPO"
 .venv/bin/python experiments/results.py --converged --stages "" --rows "$rows" --seeds 0,1,2 \
-  --out "$OUT" --doc docs/results_converged.md "${release_flag[@]}" > /dev/null
+  --out "$OUT" --doc docs/results_converged.md "${release_flag[@]}" "${@:2}" > /dev/null
 echo "synced rows: $rows -> docs/results_converged/, docs/results_converged.md"
