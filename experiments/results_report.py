@@ -33,9 +33,20 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
     )
 
 
+#: The numbers of ``experiments/context_use.py`` (its ``read_context_use``).
+CONTEXT_USE_KEYS = (
+    "pronoun_only_true",
+    "pronoun_only_random",
+    "pronoun_mcnemar_p",
+    "cxmi",
+    "delta_d",
+)
+
+
 def row_numbers(record: dict[str, Any]) -> dict[str, Any]:
     """The table's numbers of one row record (``None`` where a stage is missing)."""
     m, t, s, p = (record.get(k) or {} for k in ("measure", "train", "synthetic", "params"))
+    used = record.get("context_use") or {}
     scores = m.get("scores") or {}
     context = m.get("context")
     return {
@@ -47,6 +58,7 @@ def row_numbers(record: dict[str, Any]) -> dict[str, Any]:
         "delta_bleu": context["delta_bleu"] if context else None,
         "single_bleu": (m.get("single_sentence") or {}).get("score"),
         "pronoun_f1": (m.get("pronouns") or {}).get("f1"),
+        **{k: used.get(k) for k in CONTEXT_USE_KEYS},
         "params": p.get("params"),
         "train_tokens_per_s": t.get("train_tokens_per_s"),
         "decode_sentences_per_s": (m.get("decode") or {}).get("sentences_per_s"),
@@ -180,6 +192,10 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("delta_bleu", "Δ_BLEU", "+.2f"),
     ("single_bleu", "single-sentence BLEU", ".2f"),
     ("pronoun_f1", "pronoun F1", ".3f"),
+    ("pronoun_only_true", "pronoun acc., context-only", ".3f"),
+    ("pronoun_only_random", "the same, random context", ".3f"),
+    ("pronoun_mcnemar_p", "McNemar p vs control", ".4f"),
+    ("cxmi", "CXMI", "+.4f"),
     ("delta_params", "Δ\\|θ\\|", "+,d"),  # escaped: a bar would split the cell
     ("train_ratio", "train tok/s ratio", ".2f"),
     ("decode_ratio", "decode sent/s ratio", ".2f"),

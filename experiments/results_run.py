@@ -20,6 +20,7 @@ from docnmt_jax.data.documents import write_tsv
 from docnmt_jax.errors import ConfigError, RunNotFoundError
 from docnmt_jax.files import read_record, write_atomic, write_record
 from docnmt_jax.training.budget import tokens_per_step
+from experiments.context_use import read_context_use
 from experiments.results_report import header, report, update_readme
 from experiments.results_rows import Row, rows
 from experiments.results_significance import paired_rows
@@ -424,6 +425,14 @@ def write_report(
     ``OUT/results.md`` and ``OUT/results.json``, ``--doc`` and the ``--readme`` block."""
     doc = doc_path(args, settings)
     records = load_records(row_list, settings, budget)
+    for row in row_list:  # experiments/context_use.py's results, where measured
+        used = read_context_use(
+            settings.row_dir(row.name),
+            os.path.join(settings.data_dir, "test.pronouns.jsonl"),
+            os.path.join(settings.data_dir, "test.tsv"),
+        )
+        if used and row.name in records:
+            records[row.name]["context_use"] = used
     paired = paired_rows(row_list, settings.row_dir, plan.test, read_record, write_record)
     text, payload = report(row_list, records, settings, header(settings, plan), paired)
     body = json.dumps(payload, indent=2, default=float) + "\n"

@@ -149,3 +149,34 @@ def test_holm_over_the_document_rows_and_the_converged_goal(tmp_path):
     assert "doct_two_step" in goals and "1 seed pair(s): does not hold" in goals
     paired["final_finetuned_seed1"]["bs"]["d_bleu"]["system"] = 21.4  # +1.4 < 1.5
     assert "2 seed pair(s): does not hold" in "\n".join(results_report.converged_goals({}, paired))
+
+
+def test_the_report_reads_a_rows_context_use_results(tmp_path):
+    """``experiments/context_use.py``'s results (the files ``docnmt-evaluate`` writes in a
+    row's ``contrastive/``) become the row's context-use numbers."""
+    from experiments.context_use import read_context_use, result_paths
+
+    workdir = str(tmp_path / "rows" / "final_finetuned")
+    pronouns, cxmi = result_paths(workdir, "data/bible/test.pronouns.jsonl", "data/bible/test.tsv")
+    assert pronouns.endswith("contrastive/pronouns.test.pronouns.json")
+    assert read_context_use(workdir, "x/test.pronouns.jsonl", "x/test.tsv") == {}
+    os.makedirs(os.path.dirname(pronouns))
+    only = {"accuracy": 0.75, "correct": 3, "total": 4}
+    files.write_record(
+        pronouns,
+        {
+            "system": {"true": {"context_only_subset": only}, "random": {}},
+            "mcnemar": {"true": {"context_only": {"p_value": 0.125}}},
+        },
+    )
+    files.write_record(cxmi, {"cxmi": 0.0123, "delta_d": 0.01})
+    numbers = read_context_use(workdir, "x/test.pronouns.jsonl", "x/test.tsv")
+    assert numbers == {
+        "pronoun_only_true": 0.75,
+        "pronoun_only_random": None,
+        "pronoun_mcnemar_p": 0.125,
+        "cxmi": 0.0123,
+        "delta_d": 0.01,
+    }
+    row = results_report.row_numbers({"context_use": numbers})
+    assert (row["pronoun_only_true"], row["cxmi"]) == (0.75, 0.0123)
