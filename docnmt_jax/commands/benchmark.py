@@ -118,6 +118,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--max-sentences", type=int, default=20)
     g.add_argument("--max-len", type=int, default=128, help="max tokens per sentence (+EOS)")
     g.add_argument("--batch-tokens", type=int, default=2048, help="padded slots per side")
+    add_ctranslate2_flags(p)
+    args = p.parse_args(argv)
+    return benchmarking.apply_presets(args)
+
+
+def add_ctranslate2_flags(p: argparse.ArgumentParser) -> None:
+    """The ``ctranslate2`` section's flags (the same model in CTranslate2 beside our search)."""
     g = p.add_argument_group("ctranslate2 (needs the optional ctranslate2 package)")
     g.add_argument("--ctranslate2-workdir", help="the sentence Transformer run or release")
     g.add_argument("--ctranslate2-threads", type=int, default=2, help="CTranslate2 threads")
@@ -131,8 +138,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="CTranslate2's batches: by length (a batch's longest limit) or one output limit each",
     )
     g.add_argument("--ctranslate2-profile", help="a jax.profiler trace of our passes here")
-    args = p.parse_args(argv)
-    return benchmarking.apply_presets(args)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
