@@ -8,7 +8,7 @@ length penalty 0, token for token (:mod:`docnmt_jax.export.ctranslate2_equality`
 
 Writes the JSON of both comparisons: sentences, identical ones, the reasons of the others
 (``limit``, ``tie``, or the engine whose output is the more probable) and the first
-differences in full. The targets (issue 68): greedy identical on every sentence, beam 5
+differences in full. The targets (docs/export.md): greedy identical on every sentence, beam 5
 identical on at least 99% with the rest explained.
 """
 

@@ -1,4 +1,5 @@
-"""Scoring the pronoun sets (issue 64): the three contexts and breakdowns against a naive loop,
+"""Scoring the pronoun sets (docs/evaluation.md): the three contexts and breakdowns against a
+naive loop,
 McNemar's exact test against a hand count, CXMI on a tiny model against a hand computation."""
 
 import dataclasses

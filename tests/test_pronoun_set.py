@@ -1,4 +1,5 @@
-"""The Spanish→English pronoun contrastive sets (issue 64): the word rules, and the generator
+"""The Spanish→English pronoun contrastive sets (docs/evaluation.md): the word rules, and the
+generator
 on a hand-written fixture whose instances are known by hand (``tests/data/pronouns``)."""
 
 import json

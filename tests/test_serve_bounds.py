@@ -1,5 +1,5 @@
 """docnmt-serve exposed: bounds, exactly-once /next, access checks, fair batching, strict
-parsing (issue 66). Each test runs a real server in this process on 127.0.0.1 (port 0) over
+parsing (docs/serving.md). Each test runs a real server in this process on 127.0.0.1 (port 0) over
 a fake model whose answers are known, and speaks HTTP to it with http.client or a raw socket;
 every loop is bounded in count and time.
 """

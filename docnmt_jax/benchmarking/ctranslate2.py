@@ -1,4 +1,5 @@
-"""Our jitted search against CTranslate2 on the same trained sentence Transformer (issue 68).
+"""Our jitted search against CTranslate2 on the same trained sentence Transformer
+(docs/performance.md).
 
 ``--sections ctranslate2 --ctranslate2-workdir RUN`` (a sentence Transformer run or release):
 the run's parameters are converted (:mod:`docnmt_jax.export.ctranslate2`, float32 weights)

@@ -62,7 +62,8 @@ correct word at its token index): overall, per phenomenon, per phenomenon and di
 ``elided_verb`` at chunk starts vs elsewhere and ``register`` per chunk of distances
 (:func:`docnmt_jax.data.synthetic_long.long_context_accuracy`).
 
-**Spanish→English pronoun sets** (issue 64; built by ``docnmt-prepare --corpus pronoun_sets``,
+**Spanish→English pronoun sets** (docs/evaluation.md; built by ``docnmt-prepare --corpus
+pronoun_sets``,
 :mod:`docnmt_jax.data.pronoun_set`) and **CXMI** (Fernandes et al. 2021)::
 
     python launch/evaluate.py --contrastive pronouns --data data/bible/test.pronouns.jsonl \

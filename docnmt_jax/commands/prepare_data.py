@@ -13,7 +13,7 @@ the WEB), one document per chapter; see :mod:`docnmt_jax.data.bible`. Needs the
 SWORD modules from ``apt-get install -y sword-text-sparv sword-text-web``.
 ``synthetic``: the synthetic context task (:mod:`docnmt_jax.data.synthetic`), with its
 context-dependence labels (``{split}.labels.jsonl``) beside the TSVs.
-``pronoun_sets``: the Spanish→English pronoun contrastive sets (issue 64;
+``pronoun_sets``: the Spanish→English pronoun contrastive sets (docs/evaluation.md;
 :mod:`docnmt_jax.data.pronoun_set`) of es→en corpus TSVs (``--pronoun_input``, default the
 ``test.tsv`` and ``dev.tsv`` found in ``--out``): ``NAME.pronouns.jsonl`` (gender), with
 ``NAME.possessors.jsonl`` (possessor number) when it holds 50 balanced instances, and

@@ -1,4 +1,4 @@
-"""Spanish→English pronoun contrastive sets from any es→en document TSV (issue 64).
+"""Spanish→English pronoun contrastive sets from any es→en document TSV (docs/evaluation.md).
 
 **Gender set** (``PREFIX.pronouns.jsonl``). An instance is a sentence (a Bible verse) whose
 reference has third-person singular gendered pronouns of a gender *g* and whose source has no
@@ -51,7 +51,7 @@ from docnmt_jax.data.documents import Document
 from docnmt_jax.data.readers import _read_lines, read_tsv
 
 SETS = ("pronouns", "possessors")
-#: The possessor set is written only when balancing leaves this many instances (issue 64).
+#: The possessor set is written only when balancing leaves this many instances (docs/evaluation.md).
 MIN_INSTANCES = 50
 DISTANCE_BUCKETS = ("1", "2", "3-5", ">5", "outside", "none")
 

@@ -1,4 +1,5 @@
-"""Scoring the Spanish→English pronoun sets (:mod:`docnmt_jax.data.pronoun_set`; issue 64):
+"""Scoring the Spanish→English pronoun sets (:mod:`docnmt_jax.data.pronoun_set`;
+docs/evaluation.md):
 the forced-choice path of :mod:`docnmt_jax.evaluation.contrastive` (strictly-higher rule)
 under three contexts, and McNemar's exact test between two models.
 
