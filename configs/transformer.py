@@ -141,4 +141,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.init_from_params = "params"  # params | ema (its moving average) | auto (ema if kept)
     config.init_from_allow_new = False  # parameters no rule maps and init_from lacks stay fresh
     config.init_from_ignore_unused = False  # without rules: skip checkpoint parameters unused
+    # A release's training continued: its chosen step (data position, learning-rate schedule)
+    # and best dev value from its manifest; Adam's moments start fresh.
+    config.init_from_continue = False
     return config

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -40,6 +41,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--command", default="", help="the command that trained it")
     p.add_argument("--max_mib", type=float, default=32.0, help="largest release allowed")
     p.add_argument("--overwrite", action="store_true", help="replace a release at --out")
+    p.add_argument(
+        "--interim",
+        action="store_true",
+        help="release a row still training: its best checkpoint so far (module docstring)",
+    )
     return p.parse_args(argv)
 
 
@@ -59,6 +65,33 @@ def dev_metrics_at(train_log: str, step: int) -> dict[str, float]:
     return metrics
 
 
+def logged_tokens_per_step(train_log: str, up_to: int) -> float | None:
+    """Mean real target tokens per step over the ``train/tokens`` that ``train.log`` logged
+    (each the sum over the steps since the previous log line) up to step ``up_to``."""
+    last, steps, tokens = 0, 0, 0.0
+    with open(train_log, encoding="utf-8") as f:
+        for line in f:
+            fields = dict(x.partition("=")[::2] for x in line.split()[2:] if "=" in x)
+            if "step" not in fields or "train/tokens" not in fields:
+                continue
+            step = int(fields["step"])
+            if step <= last or step > up_to:  # a resumed run logs its steps again
+                continue
+            steps, tokens, last = steps + step - last, tokens + float(fields["train/tokens"]), step
+    return tokens / steps if steps else None
+
+
+def interim_record(workdir: str, step: int) -> dict:
+    """The train record of a row still training, from ``train.log`` up to ``step``."""
+    log = os.path.join(workdir, "train.log")
+    record = {"steps": step, "tokens_per_step": logged_tokens_per_step(log, step)}
+    with open(log, encoding="utf-8") as f:
+        found = re.search(r"(\d+) train batches per epoch", f.read())
+    if found:
+        record["epochs"] = round(step / int(found.group(1)), 3)
+    return dict(record, stopped_by="interim")
+
+
 def best_step(workdir: str) -> int:
     """The step of the row's best checkpoint on dev."""
     best = os.path.join(workdir, "best")
@@ -72,16 +105,21 @@ def training_record(args: argparse.Namespace) -> dict:
     """The manifest's ``training`` entry of the row (module docstring)."""
     workdir = os.path.join(args.run_dir, "rows", args.row)
     train = read_record(os.path.join(workdir, "train.json"))
-    if train is None:
-        raise RunNotFoundError(f"{workdir}/train.json not found: the row is not trained")
-    measure = read_record(os.path.join(workdir, "measure.json")) or {}
     step = best_step(workdir)
+    if train is None and args.interim:
+        train = interim_record(workdir, step)
+    elif train is None:
+        raise RunNotFoundError(
+            f"{workdir}/train.json not found: the row is not trained (--interim: release its "
+            "best checkpoint so far)"
+        )
+    measure = read_record(os.path.join(workdir, "measure.json")) or {}
     scores = measure.get("scores") or {}
     commit = train.get("code") or args.commit
     if not commit:
         raise UserError(f"{workdir}/train.json names no commit: give --commit")
     per_step = train.get("tokens_per_step")
-    return {
+    record = {
         "row": args.row,
         "commit": commit,
         "command": args.command,
@@ -97,6 +135,18 @@ def training_record(args: argparse.Namespace) -> dict:
         "test_signature": (scores.get("s_bleu") or {}).get("signature"),
         "test_beam": (measure.get("inputs") or {}).get("beam"),
     }
+    earlier = previous_interim(args.out)
+    if earlier:  # the run continued this release (init_from_continue): say how it began
+        record["continued_from"] = earlier
+    return record
+
+
+def previous_interim(out: str) -> dict | None:
+    """The training record of the interim release at ``out`` (None: none there)."""
+    if not release_lib.is_release(out):
+        return None
+    training = release_lib.read_manifest(out).get("training") or {}
+    return training if training.get("stopped_by") == "interim" else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,10 @@ run directory ``runs/results_converged``).
 ``--init_release ROW=DIR[,ROW=DIR]``: rows that start from ``ROW`` start from the release in
 ``DIR`` (``docnmt-export``) instead of ``ROW``'s run, and ``ROW`` is reported from its saved
 records, never trained again. Default with ``--converged``:
-``transformer=releases/bible-transformer`` when that release exists; ``''``: none.
+``transformer=releases/bible-transformer`` when that release exists and is not interim;
+``''``: none. ``--continue_release ROW=DIR``: ``ROW`` continues its own training from the
+interim release in ``DIR`` (``experiments/release_row.py --interim``) when its run directory
+holds no checkpoint: a campaign's row survives a new machine.
 """
 
 from __future__ import annotations
@@ -94,6 +97,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="ROW=DIR[,ROW=DIR]: rows starting from ROW start from the release DIR (default "
         "with --converged: transformer=releases/bible-transformer when it exists; '': none)",
     )
+    p.add_argument(
+        "--continue_release",
+        default="",
+        help="ROW=DIR[,ROW=DIR]: ROW continues its training from its interim release DIR",
+    )
     p.add_argument("--beam", type=int)
     p.add_argument("--draws", type=int, help="random-context draws for Delta_BLEU")
     p.add_argument("--synthetic_steps", type=int)
@@ -123,7 +131,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
             eval_every_epochs=args.eval_every_epochs,
             max_epochs=args.max_epochs,
         )
-    settings = dataclasses.replace(settings, released=released_rows(args))
+    settings = dataclasses.replace(
+        settings,
+        released=released_rows(args),
+        continued=release_pairs(args.continue_release, "--continue_release"),
+    )
     changes = {
         k: getattr(args, k)
         for k in ("base_steps", "beam", "draws", "synthetic_steps")
@@ -138,23 +150,45 @@ BASE_RELEASE = os.path.join(
 )
 
 
-def released_rows(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
-    """``--init_release`` as ``(row, absolute directory)`` pairs, each a release."""
+def release_pairs(text: str, flag: str) -> tuple[tuple[str, str], ...]:
+    """``ROW=DIR[,ROW=DIR]`` as ``(row, absolute directory)`` pairs, each a release."""
     from docnmt_jax.export import release as release_lib
 
-    text = args.init_release
-    if text is None:
-        use_base = args.converged and not args.quick and release_lib.is_release(BASE_RELEASE)
-        text = f"transformer={BASE_RELEASE}" if use_base else ""
     pairs = []
     for part in (p for p in text.split(",") if p):
         row, sep, directory = part.partition("=")
         if not sep or not row or not directory:
-            raise ConfigError(f"--init_release: {part!r} is not ROW=DIR")
+            raise ConfigError(f"{flag}: {part!r} is not ROW=DIR")
         if not release_lib.is_release(directory):
-            raise ConfigError(f"--init_release: {directory} is not a release (no release.json)")
+            raise ConfigError(f"{flag}: {directory} is not a release (no release.json)")
         pairs.append((row, os.path.abspath(directory)))
     return tuple(pairs)
+
+
+def is_final_release(directory: str) -> bool:
+    """Whether ``directory`` holds a release whose training ended (not ``--interim``)."""
+    from docnmt_jax.export import release as release_lib
+
+    if not release_lib.is_release(directory):
+        return False
+    training = release_lib.read_manifest(directory).get("training") or {}
+    return training.get("stopped_by") != "interim"
+
+
+def released_rows(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """``--init_release`` as ``(row, absolute directory)`` pairs, each a release."""
+    text = args.init_release
+    if text is None:
+        use_base = args.converged and not args.quick and is_final_release(BASE_RELEASE)
+        text = f"transformer={BASE_RELEASE}" if use_base else ""
+    pairs = release_pairs(text, "--init_release")
+    for row, directory in pairs:
+        if not is_final_release(directory):
+            raise ConfigError(
+                f"--init_release: {directory} is an interim release (its training goes on): "
+                f"rows start from {row} once it is final; --continue_release {row}=DIR resumes it"
+            )
+    return pairs
 
 
 def chosen_rows(args: argparse.Namespace, settings: Settings) -> tuple[list[Row], set[str]]:

@@ -110,7 +110,7 @@ def use_release_tokenizer(settings: Settings, tokenizer_path: str) -> None:
     from docnmt_jax.export import release as release_lib
 
     digests = set()
-    for _, directory in settings.released:
+    for _, directory in settings.released + settings.continued:
         manifest = release_lib.read_manifest(directory)
         source = release_lib.check_file(directory, manifest, release_lib.TOKENIZER_FILE)
         digests.add(release_lib.sha256(source))

@@ -91,6 +91,10 @@ class Settings:
     #: start from the release instead of its run (a committed base survives a new machine);
     #: ``row`` itself is not trained or measured again, its saved records are reported
     released: tuple[tuple[str, str], ...] = ()
+    #: ``(row, release directory)`` pairs: ``row`` continues the interim release of its own
+    #: training (``init_from_continue``: its step, schedule and best dev value) when its run
+    #: directory holds no checkpoint (a new machine)
+    continued: tuple[tuple[str, str], ...] = ()
 
     @property
     def converged(self) -> bool:
@@ -107,6 +111,10 @@ class Settings:
     def release_of(self, row: str) -> str:
         """The release directory that stands for ``row`` ('' for none)."""
         return dict(self.released).get(row, "")
+
+    def continuation_of(self, row: str) -> str:
+        """The interim release ``row`` continues ('' for none)."""
+        return dict(self.continued).get(row, "")
 
 
 def quick_settings(out: str, data_dir: str) -> Settings:
@@ -172,6 +180,10 @@ def row_config(
         config.init_from_which = "best" if release else settings.checkpoint
         if settings.converged or release:  # the parameters its translations use: the EMA where kept
             config.init_from_params = "auto"
+    if settings.continuation_of(row.name):  # resuming its own checkpoints wins
+        config.init_from = settings.continuation_of(row.name)
+        config.init_from_which, config.init_from_params = "best", "auto"
+        config.init_from_continue = True
     for key, value in row.overrides:  # last: a row's own setting is never overwritten
         set_key(config, key, value)
     if "max_segments" in config.model:

@@ -8,6 +8,8 @@ resuming). Every save (:class:`RunCheckpoints`) records the step, data position,
 the best value of ``train.best_metric`` so far, the step it was reached at and the count of
 dev evaluations since then without improvement (``train.patience``; strictly better is an
 improvement), and updates the best checkpoint; a resume restores all three.
+``init_from_continue`` continues a release's own training (:func:`continue_release`): the
+release's chosen step and best dev value from its manifest, Adam's moments fresh.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 
@@ -237,6 +240,67 @@ def restore_or_init(
     state = dict(state, params=params)
     if "ema" in state:  # the average starts at the initial parameters
         state["ema"] = jax.jit(ema_lib.init, out_shardings=shardings["ema"])(params)
+    if config.get("init_from_continue", False):
+        state = continue_release(config, state, saved, note)
+    return state
+
+
+def release_progress(config: ml_collections.ConfigDict) -> tuple[int, dict[str, float]]:
+    """The chosen step and its dev metrics from the training record of the release that
+    ``init_from`` names (``init_from_continue``); one-line errors when it is no release, has no
+    record, or lacks ``train.best_metric``."""
+    from docnmt_jax.export import release as release_lib
+
+    path = config.init_from
+    if not release_lib.is_release(path):
+        raise ConfigError(f"init_from_continue=True: init_from={path} is not a release")
+    training = release_lib.read_manifest(path).get("training") or {}
+    step, dev = training.get("chosen_step"), training.get("dev_at_chosen_step") or {}
+    metric = config.train.best_metric
+    if not isinstance(step, int) or metric not in dev:
+        raise ConfigError(
+            f"init_from_continue=True: {path}/release.json has no training record with "
+            f"chosen_step and dev_at_chosen_step.{metric} (docnmt-export --training_record)"
+        )
+    return step, dev
+
+
+def with_schedule_count(opt_state: PyTree, count: jax.Array) -> PyTree:
+    """``opt_state`` with every learning-rate schedule's count set to ``count`` (each its own
+    buffer: the state is donated to the train step); Adam's own count and moments are kept
+    (fresh: its bias correction starts again)."""
+
+    def is_schedule(x: Any) -> bool:
+        return isinstance(x, optax.ScaleByScheduleState)
+
+    def set_count(x: Any) -> Any:
+        if not is_schedule(x):
+            return x
+        return optax.ScaleByScheduleState(count=jnp.array(count, copy=True))  # own buffer
+
+    return jax.tree_util.tree_map(set_count, opt_state, is_leaf=is_schedule)
+
+
+def continue_release(
+    config: ml_collections.ConfigDict,
+    state: PyTree,
+    saved: RunCheckpoints,
+    note: Callable[[str], None],
+) -> PyTree:
+    """A fresh ``state`` loaded from a release (``init_from_continue``) put where the release's
+    training stopped: the step (so the data position and the learning-rate schedule continue;
+    Adam's moments stay fresh) and the best dev value so far (for ``train.patience``). Saved at
+    once as the run's first latest and best checkpoint, so a run whose patience is spent
+    without improving on the release still has its best checkpoint."""
+    step, dev = release_progress(config)
+    as_step = jax.jit(lambda s: jnp.asarray(step, s.dtype), out_shardings=state["step"].sharding)
+    count = as_step(state["step"])
+    state = dict(state, step=count, opt_state=with_schedule_count(state["opt_state"], count))
+    saved.save(state, Progress.of(state, int(config.train.get("accumulate_steps", 1))), dev)
+    note(
+        f"init_from_continue: step {step} and {saved.best_metric}={dev[saved.best_metric]:.4g} "
+        f"of {config.init_from} (Adam's moments fresh; learning-rate schedule at step {step})"
+    )
     return state
 
 

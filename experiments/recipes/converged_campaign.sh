@@ -7,7 +7,10 @@
 # WORK is an absolute directory outside the checkout: rows in WORK/out (the runner's --out),
 # one git worktree per pinned commit in WORK/src-COMMIT (a row keeps the code it started with).
 # In order, each step skipped when done, each resumable (rerun the same command):
-#   1. base      the sentence Transformer, seed 0, until dev BLEU stops improving (BASE_COMMIT)
+#   1. base      the sentence Transformer, seed 0, until dev BLEU stops improving (BASE_COMMIT);
+#                when releases/bible-transformer holds its interim release (a session ended:
+#                experiments/release_row.py --interim, committed), it continues from there at
+#                FINETUNE_COMMIT (--continue_release: step, schedule, best dev BLEU)
 #   2. release   its best checkpoint (EMA) exported to releases/bible-transformer of the
 #                checkout this script is in (commit it there: the finetune rows start from it)
 #   3. final     FINAL finetuned from the release, seeds 0, 1, 2 (FINETUNE_COMMIT)
@@ -52,11 +55,18 @@ rows() {  # rows $1 (comma-separated) from commit $2; more results.py flags afte
 
 done_row() { [ -f "$OUT/rows/$1/params.json" ]; }
 
-done_row transformer || rows transformer "$BASE_COMMIT"  # its own run: no release yet
-if [ ! -f "$RELEASE/release.json" ]; then
+interim() { grep -q '"stopped_by": "interim"' "$RELEASE/release.json" 2>/dev/null; }
+if ! done_row transformer; then
+  if interim; then  # continues its committed interim release (or its own checkpoints here)
+    rows transformer "$FINETUNE_COMMIT" --init_release "" --continue_release "transformer=$RELEASE"
+  else
+    rows transformer "$BASE_COMMIT"  # its own run: no release yet
+  fi
+fi
+if [ ! -f "$RELEASE/release.json" ] || interim; then
   src=$(worktree "$FINETUNE_COMMIT")
   (cd "$src" && PYTHONPATH=$src .venv/bin/python experiments/release_row.py --run_dir "$OUT" \
-    --row transformer --out "$RELEASE" --commit "$BASE_COMMIT" \
+    --row transformer --out "$RELEASE" --commit "$BASE_COMMIT" --overwrite \
     --command "python experiments/results.py --converged --rows transformer --seeds 0")
 fi
 FINAL=final_finetuned,final_finetuned_seed1,final_finetuned_seed2
