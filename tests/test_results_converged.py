@@ -36,7 +36,8 @@ def _release(directory, tokenizer_bytes=b"pieces"):
 
 def _args(**kw):
     base = dict(
-        quick=False, converged=True, init_release=None, rows="", seeds="0,1,2", doc=None,
+        quick=False, converged=True, init_release=None, continue_release="", rows="",
+        seeds="0,1,2", doc=None,
         out=None, data_dir="data/bible", patience=3, eval_every_epochs=0.5, max_epochs=40.0,
         base_steps=None, beam=None, draws=None, synthetic_steps=None,
     )  # fmt: skip
