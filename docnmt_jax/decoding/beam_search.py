@@ -73,7 +73,8 @@ class BeamResult(NamedTuple):
 
 
 class BeamState(NamedTuple):
-    """While-loop carry. ``step`` = tokens generated so far by every live beam.
+    """While-loop carry. ``step`` = tokens generated so far by every live beam (a scalar; or
+    ``[B]``, one per example, in the continuous search of :mod:`.continuous`).
 
     Live beams: ``live_seqs [B, K, T]`` (PAD-filled), ``live_log_probs [B, K]`` (raw sum),
     ``live_valid [B, K]`` (False for empty beams), ``live_cache`` (leaves ``[B*K, ...]``, 0-d
@@ -282,9 +283,10 @@ def _beam_step(
     """One token for every live beam: the best ``2K`` candidates, the best ``K`` non-EOS of
     them live on, EOS candidates ranked within the first ``K`` join the finished pool."""
     t, K = s.step, rules.beam_size
-    batch = s.live_seqs.shape[0]
-    prev = jax.lax.dynamic_index_in_dim(s.live_seqs, jnp.maximum(t - 1, 0), 2, False)
-    tokens = jnp.where(t == 0, rules.bos_id, prev)  # [B, K]
+    batch, max_len = s.live_seqs.shape[0], s.live_seqs.shape[2]
+    tb = jnp.reshape(t, (-1, 1))  # the step, shared ([1, 1]) or per example ([B, 1])
+    prev = jnp.take_along_axis(s.live_seqs, jnp.maximum(tb - 1, 0)[..., None], axis=2)[..., 0]
+    tokens = jnp.where(tb == 0, rules.bos_id, prev)  # [B, K]
     logits, new_cache = step_fn(s.live_cache, tokens.reshape(-1), extra)
     banned = (rules.pad_id,) if rules.allow_bos else (rules.pad_id, rules.bos_id)
     logits = logits.reshape(batch, K, -1)
@@ -300,9 +302,8 @@ def _beam_step(
         _, top = jax.lax.top_k(jnp.where(cand_valid, cand_lp, -jnp.inf), 2 * K)  # [B, 2K]
         top_lp, top_valid = _take(cand_lp, top), _take(cand_valid, top)
         parent, token = top // width, _take(cand_token, top)
-    top_seqs = jax.lax.dynamic_update_slice_in_dim(
-        _take(s.live_seqs, parent), token[:, :, None], t, axis=2
-    )
+    at_t = jnp.arange(max_len) == tb[..., None]  # [B | 1, 1, max_len]
+    top_seqs = jnp.where(at_t, token[:, :, None], _take(s.live_seqs, parent))
     is_eos = token == rules.eos_id
 
     # Live: the best K non-EOS candidates (there are >= K valid ones unless the example ends).
@@ -312,9 +313,9 @@ def _beam_step(
 
     # Finished: merge EOS candidates ranked within the first K into the pool.
     new_flags = top_valid & is_eos & (jnp.arange(2 * K) < K)
-    scores = jnp.concatenate([s.finished_scores, top_lp / length_penalty(t + 1, rules.alpha)], 1)
+    scores = jnp.concatenate([s.finished_scores, top_lp / length_penalty(tb + 1, rules.alpha)], 1)
     flags = jnp.concatenate([s.finished_flags, new_flags], 1)
-    lengths = jnp.concatenate([s.finished_lengths, jnp.full((batch, 2 * K), t + 1, jnp.int32)], 1)
+    lengths = jnp.concatenate([s.finished_lengths, jnp.broadcast_to(tb + 1, (batch, 2 * K))], 1)
     _, keep = jax.lax.top_k(jnp.where(flags, scores, -jnp.inf), K)
     best_cache, best_score = s.best_cache, s.best_score
     if rules.keep_best_cache:
@@ -365,8 +366,9 @@ def _result(s: BeamState, rules: _Rules) -> BeamResult:
         return _where_rows(fallback, live, fin)
 
     flags = pick(s.finished_flags, s.live_valid)
-    scores = pick(s.finished_scores, s.live_log_probs / length_penalty(s.step, rules.alpha))
-    lengths = pick(s.finished_lengths, jnp.full_like(s.finished_lengths, s.step))
+    step = jnp.reshape(s.step, (-1, 1))  # shared or per example
+    scores = pick(s.finished_scores, s.live_log_probs / length_penalty(step, rules.alpha))
+    lengths = pick(s.finished_lengths, jnp.broadcast_to(step, s.finished_lengths.shape))
     best_cache = None
     if rules.keep_best_cache:  # fallback examples: the cache of their first live beam
         batch = s.live_seqs.shape[0]

@@ -15,7 +15,8 @@ needs and nothing else.
 * :class:`Searchable` -- ``max_source_len``, ``translate``: the Translator (``translate.py``,
   dev BLEU, evaluation).
 * :class:`SlotSearch` -- ``search_inputs``, ``search_slot``: slot-by-slot search
-  (:func:`~docnmt_jax.decoding.search.scan_slots`).
+  (:func:`~docnmt_jax.decoding.search.scan_slots`); :class:`OneCallSearch` --
+  ``searches_in_one_call``: a ``translate`` that searches every slot in one compiled loop.
 * :class:`PretrainMapping` -- ``source_parameters``, ``transformer_rules``: ``init_from``
   with the presets ``all``/``source`` (:mod:`~docnmt_jax.training.param_mapping`).
 * :class:`SentenceAttention` -- ``sentence_attention``: the attention analysis (Zheng et al.
@@ -278,6 +279,17 @@ class SlotSearch(Searchable, Protocol):
 
 
 @runtime_checkable
+class OneCallSearch(SlotSearch, Protocol):
+    """A slot-by-slot model whose ``translate`` searches every slot of a batch in one compiled
+    loop (FINAL's continuous search, :mod:`~docnmt_jax.decoding.continuous`): the compiled
+    search then jits ``translate`` instead of dispatching one search per slot."""
+
+    def searches_in_one_call(self, search: SearchConfig) -> bool:
+        """Whether ``translate`` does so under ``search`` (else: the slot loop)."""
+        ...
+
+
+@runtime_checkable
 class CarriedState(SlotSearch, Protocol):
     """Context across chunks (``carries_state``): trained on document streams
     (``DataSpec.streams``) with a fixed-size state each row's chunk leaves for the next
@@ -386,6 +398,12 @@ def carries_state(model: Any) -> bool:
     """Whether ``model`` holds :class:`CarriedState` and reads context across chunks (its
     ``carries_state`` switch on): trained on document streams, searched chunk after chunk."""
     return not missing(model, CarriedState) and bool(model.carries_state)
+
+
+def searches_in_one_call(model: Any, search: SearchConfig) -> bool:
+    """Whether slot-by-slot ``model`` holds :class:`OneCallSearch` and its ``translate``
+    searches every slot in one compiled loop under ``search``."""
+    return not missing(model, OneCallSearch) and bool(model.searches_in_one_call(search))
 
 
 def require(model: Any, capability: type, action: str) -> None:

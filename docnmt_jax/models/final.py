@@ -62,16 +62,9 @@ from docnmt_jax.data import schema
 from docnmt_jax.data.spec import Bound, DataLimits, DataSpec, PackingConfig
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.decoding.beam_search import BeamResult
-from docnmt_jax.decoding.search import (
-    SearchConfig,
-    encode_in_groups,
-    pad_empty_sentences,
-    search_decoder,
-    sentence_limits,
-    sentence_outputs,
-)
+from docnmt_jax.decoding.search import SearchConfig
+from docnmt_jax.models import final_decode, layers
 from docnmt_jax.models import final_recurrence as recurrence
-from docnmt_jax.models import layers
 from docnmt_jax.models.base import BaseModel, BatchLayout, ModelError, register, require_grid
 from docnmt_jax.models.final_layers import (
     SEGMENT_FEATURES,
@@ -486,64 +479,31 @@ class FinalModel(BaseModel):
 
     def search_inputs(
         self, params: Any, batch: dict[str, Array], search: SearchConfig
-    ) -> tuple[tuple[Array, Array, Array], MemoryKV]:
-        """The chunks encoded once (:func:`~docnmt_jax.decoding.search.encode_in_groups`), per
-        sentence slot: (what the sentence cross-attends to ``[S, B, Tk, D]`` and its mask
-        ``[S, B, Tk]``, the sentence's source mask ``[S, B, T]``), and the empty memory of
-        sentence 0 (the layout of a search cache). The cross-attention inputs are the
-        training's (:meth:`Final.cross_memory`): the sentence's own ``h_k`` (``Tk = T``), or
-        with :attr:`FinalConfig.cross_attends_chunk` the whole chunk in every slot
-        (``Tk = S*T``)."""
-        module, variables = self.eval_module, {"params": params}
-        src, src_mask = batch["src"], batch["src_mask"]
-        encoded = encode_in_groups(module, variables, src, src_mask)
-        max_len, _ = sentence_limits(src_mask, search)
-        cache = module.apply(variables, src.shape[0], max_len, method=module.init_cache)
-        memory = {k: v for k, v in cache.items() if k != "index"}
-        memory["mask"] = jnp.zeros((src.shape[0], max_len), jnp.int32)  # sentence 0: none
-        B, S, T, D = encoded.shape
-        if self.config.cross_attends_chunk:
-            cross = jnp.broadcast_to(encoded.reshape(1, B, S * T, D), (S, B, S * T, D))
-            cross_mask = jnp.broadcast_to(src_mask.reshape(1, B, S * T), (S, B, S * T))
-        else:
-            cross, cross_mask = encoded.swapaxes(0, 1), src_mask.swapaxes(0, 1)
-        return (cross, cross_mask, src_mask.swapaxes(0, 1)), memory
+    ) -> tuple[final_decode.Slots, MemoryKV]:
+        """Per sentence slot ``[S, B, ...]``: the cross-attention inputs, their mask and the
+        source mask; and the empty memory of sentence 0 (:func:`.final_decode.search_inputs`)."""
+        return final_decode.search_inputs(self, params, batch, search)
 
     def search_slot(
-        self,
-        params: Any,
-        memory: MemoryKV,
-        slot: tuple[Array, Array, Array],
-        search: SearchConfig,
+        self, params: Any, memory: MemoryKV, slot: final_decode.Slots, search: SearchConfig
     ) -> BeamResult:
-        """Beam search of one sentence per row, ``slot`` = (cross-attention inputs, their
-        mask, the sentence's source mask: its output limit), with the previous sentence's
-        ``memory``; keeps the chosen hypothesis's cache."""
-        module, variables = self.eval_module, {"params": params}
-        encoded, cross_mask, src_mask = slot
-        max_len, limits = sentence_limits(src_mask, search)
-        extra = module.apply(variables, encoded, cross_mask, memory, method=module.decode_inputs)
-        return search_decoder(
-            module, variables, extra, search, max_len, limits, keep_best_cache=self.uses_memory
-        )
+        """Beam search of one sentence per row with the previous sentence's ``memory``,
+        keeping the chosen hypothesis's cache (:func:`.final_decode.search_slot`)."""
+        return final_decode.search_slot(self, params, memory, slot, search)
 
     @property
     def uses_memory(self) -> bool:
         return self.layout.sequential
 
+    def searches_in_one_call(self, search: SearchConfig) -> bool:
+        """Whether :meth:`translate` searches every sentence slot in one compiled loop: with
+        the XL decoder the continuous search, unless sampling (slot by slot)."""
+        return not search.sample
+
     def translate(
         self, params: Any, batch: dict[str, Array], search: SearchConfig
     ) -> tuple[Array, dict[str, Array]]:
         """Beam search of every sentence of the chunks: ids ``[B, S, L]`` (EOS, then PAD;
-        padding sentences PAD). Slot by slot with the XL decoder (the base class), else every
-        sentence of every chunk searched at once, without memory."""
+        padding sentences PAD); :func:`.final_decode.translate`."""
         require_grid(batch, "translate")
-        if self.layout.sequential:
-            return super().translate(params, batch, search)
-        B, S = batch["src"].shape[:2]
-        slots, _ = self.search_inputs(params, batch, search)
-        rows = jax.tree.map(lambda x: x.reshape((B * S,) + x.shape[2:]), slots)
-        result = self.search_slot(params, {"mask": jnp.zeros((B * S, 1), jnp.int32)}, rows, search)
-        ids, aux = sentence_outputs(result, (S, B), search)  # rows slot-major
-        aux = {k: v.swapaxes(0, 1) for k, v in aux.items()}
-        return pad_empty_sentences(ids.swapaxes(0, 1), batch["src_mask"]), aux
+        return final_decode.translate(self, params, batch, search)

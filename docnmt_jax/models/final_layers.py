@@ -530,10 +530,11 @@ class FinalSearchSteps(recurrence.RecurrentSteps):
         return extra
 
     def decode_step(self, cache: Cache, token: Array, extra: dict[str, Any]) -> tuple[Array, Cache]:
-        """One step: ``token [N]`` at ``cache['index']`` -> (logits ``[N, V]``, new cache);
-        ``cache`` has ``N`` rows (beams), ``extra`` (:meth:`decode_inputs`) one per example."""
+        """One step: ``token [N]`` at ``cache['index']`` (shared, or one per row ``[N]``) ->
+        (logits ``[N, V]``, new cache); ``cache`` has ``N`` rows (beams), ``extra``
+        (:meth:`decode_inputs`) one per example."""
         index = cache["index"]
-        y = self._embed_target(token[:, None], jnp.full(token.shape + (1,), index))
+        y = self._embed_target(token[:, None], jnp.broadcast_to(index, token.shape)[:, None])
         cross_mask = (extra["src_mask"] > 0)[:, None, None, :]
         new_cache: Cache = {"index": index + 1}
         for i, layer in enumerate(self.decoder_layers):

@@ -429,8 +429,10 @@ def heads_major(x: Array) -> Array:
 
 def write_position(cache: Array, x: Array, index: Array) -> Array:
     """Writes the keys or values ``x [N, 1, H, d]`` of one step into a heads-major cache
-    ``[N, H, L, d]`` at position ``index``."""
-    return jax.lax.dynamic_update_slice_in_dim(cache, heads_major(x), index, axis=2)
+    ``[N, H, L, d]`` at position ``index``: shared (a scalar) or one per row (``[N]``)."""
+    if jnp.ndim(index) == 0:
+        return jax.lax.dynamic_update_slice_in_dim(cache, heads_major(x), index, axis=2)
+    return cache.at[jnp.arange(cache.shape[0]), :, index].set(x[:, 0])
 
 
 def padding_mask(q_mask: Array, k_mask: Array) -> Array:

@@ -367,17 +367,20 @@ class XLDecoderLayer(nn.Module):
         memory_mask: Array,
         cross_mask: Array,
     ) -> tuple[Array, Cache]:
-        """One position ``y [N, 1, D]`` at ``index``: ``cache`` (self-attention keys/values)
+        """One position ``y [N, 1, D]`` at ``index`` (shared, or one per row ``[N]``, the
+        beams of an example at the same position): ``cache`` (self-attention keys/values)
         has ``N`` rows, ``inputs`` (memory and cross keys/values) and the masks one per
         example. Returns the output and the updated cache."""
-        L, Tm = cache["key"].shape[2], memory_mask.shape[1]
+        (B, Tm), L = memory_mask.shape, cache["key"].shape[2]
         n_mem = jnp.sum(memory_mask > 0, axis=-1)[:, None, None]
         j_mem, j_cur = jnp.arange(Tm)[None, None, :], jnp.arange(L)[None, None, :]
+        at = jnp.reshape(index, (-1, 1, 1))  # [N | 1, 1, 1]
+        at_example = at if at.shape[0] == 1 else at.reshape(B, -1)[:, :1, None]  # [B | 1, 1, 1]
         memory = (
             inputs["key"],
             inputs["value"],
             (memory_mask > 0)[:, None, None, :],
-            index + n_mem - j_mem,
+            at_example + n_mem - j_mem,
         )
         new_cache: Cache = {}
 
@@ -386,7 +389,7 @@ class XLDecoderLayer(nn.Module):
             k = layers.write_position(cache["key"], k, index)
             v = layers.write_position(cache["value"], v, index)
             new_cache.update(cache, key=k, value=v)
-            current = (k, v, (j_cur <= index)[:, None], index - j_cur)
+            current = (k, v, (j_cur <= at)[:, None], at - j_cur)
             q = self.self_attention.project_q(h)
             return self.self_attention.attend(q, current, memory, heads_major=True)
 
