@@ -194,8 +194,10 @@ def test_k_zero_batches_are_unchanged_and_invalid_options_raise():
     with pytest.raises(ValueError, match="context_sentences must be >= 0"):
         PipelineConfig(context_sentences=-1)
     with pytest.raises(ValueError, match="context_sentences needs .* packing=None"):
-        PipelineConfig(context_sentences=2, packing=PackingConfig())
+        PipelineConfig(context_sentences=2, packing=PackingConfig(unit="chunk"))
     assert PipelineConfig(context_sentences=0, packing=PackingConfig()).packing is not None
+    # Packed sentences carry their windows in context rows (window_plan.py).
+    assert PipelineConfig(context_sentences=2, packing=PackingConfig()).packing is not None
 
 
 def test_check_batch_takes_both_context_features_or_neither():

@@ -164,6 +164,9 @@ class PackedPlan(EpochIteration):
     and the CSR placement table: row ``r`` places the sentences
     ``placement[row_ptr[r]:row_ptr[r + 1]]``, columns :data:`PLACEMENT_COLUMNS`."""
 
+    #: The features :meth:`materialize` returns, in order.
+    features: tuple[str, ...] = schema.PACKED_FEATURES
+
     def __init__(self, corpus: TokenizedCorpus, config: PipelineConfig):
         if config.packing is None:
             raise ValueError("PackedPlan needs PipelineConfig.packing")

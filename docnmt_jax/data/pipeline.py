@@ -195,7 +195,7 @@ def make_dataset(
     if plan.batches_per_epoch == 0 and plan.config.num_epochs is None:
         raise ConfigError("the plan has no batch per epoch: the corpus is too small")
     if isinstance(plan, PackedPlan):
-        signature = {k: tf.TensorSpec([None, None], tf.int32) for k in schema.PACKED_FEATURES}
+        signature = {k: tf.TensorSpec([None, None], tf.int32) for k in plan.features}
         packed = tf.data.Dataset.from_generator(
             lambda: numpy_batches(plan, start_step=start_step), output_signature=signature
         )

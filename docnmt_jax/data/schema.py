@@ -167,6 +167,16 @@ PACKED_FEATURE_AXES: dict[str, str] = {
     )
 }
 PACKED_FEATURES: tuple[str, ...] = tuple(PACKED_FEATURE_AXES)
+#: Packed sentence rows' context rows (:mod:`~docnmt_jax.data.window_plan`, a window model
+#: with ``K > 0``): ``[B, C]`` with ``C = K * L``, each packed sentence's window of source
+#: tokens, positions inside the window and the segment id of its sentence (0 on padding).
+PACKED_CONTEXT_FEATURE_AXES: dict[str, str] = {
+    "context_src": "BC",
+    "context_src_mask": "BC",
+    "context_positions": "BC",
+    "context_segment_ids": "BC",
+}
+PACKED_CONTEXT_FEATURES: tuple[str, ...] = tuple(PACKED_CONTEXT_FEATURE_AXES)
 
 
 def packed_side_features(side: str) -> tuple[str, ...]:

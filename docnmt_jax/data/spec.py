@@ -105,7 +105,8 @@ class PipelineConfig:
     # Packed rows instead of the [B, S, T] grid (None: the grid).
     packing: PackingConfig | None = None
     # K: grid batches also carry the K source sentences before each chunk (``context_src``,
-    # ``context_src_mask`` [B, K, T], schema.CONTEXT_FEATURE_AXES) and T covers them too.
+    # ``context_src_mask`` [B, K, T], schema.CONTEXT_FEATURE_AXES) and T covers them too;
+    # packed sentences carry each sentence's window in context rows (window_plan.py).
     context_sentences: int = 0
     # Chunks are whole documents (the grid, or packing unit "grouped"; not sentence_level).
     whole_documents: bool = False
@@ -147,9 +148,11 @@ class PipelineConfig:
                 f"PipelineConfig.context_sentences must be >= 0, got {self.context_sentences}"
             )
         check_on_long(self.on_long, "PipelineConfig.on_long")
-        if self.context_sentences and self.packing is not None:
+        windows = self.packing is not None and self.packing.unit == "sentence"
+        if self.context_sentences and self.packing is not None and not windows:
             raise ValueError(
-                "PipelineConfig.context_sentences needs the [B, S, T] grid: set packing=None"
+                "PipelineConfig.context_sentences needs the [B, S, T] grid or packed sentences "
+                "(their windows in context rows): set packing=None or unit='sentence'"
             )
         grouped = self.packing is not None and self.packing.unit == "grouped"
         if self.whole_documents and (

@@ -238,13 +238,16 @@ def abstract_batch(
     shape: tuple[int, ...], sharding: Any, context_sentences: int = 0
 ) -> dict[str, jax.ShapeDtypeStruct]:
     """Every feature of a global batch of plan shape ``shape`` (``(B, L)`` packed rows or
-    ``(B, S, T)`` grid, with ``context_sentences`` ``K > 0`` its context window) as a
+    ``(B, S, T)`` grid, with ``context_sentences`` ``K > 0`` its context window, packed: the
+    context rows ``[B, K*L]`` of :mod:`~docnmt_jax.data.window_plan`) as a
     ``ShapeDtypeStruct`` with the batch ``sharding``."""
-    axes = schema.PACKED_FEATURE_AXES if len(shape) == 2 else dict(schema.FEATURE_AXES)
+    packed = len(shape) == 2
+    axes = dict(schema.PACKED_FEATURE_AXES if packed else schema.FEATURE_AXES)
     if context_sentences:
-        axes.update(schema.CONTEXT_FEATURE_AXES)
-    sizes = dict(zip("BL" if len(shape) == 2 else "BST", shape, strict=True))
+        axes.update(schema.PACKED_CONTEXT_FEATURE_AXES if packed else schema.CONTEXT_FEATURE_AXES)
+    sizes = dict(zip("BL" if packed else "BST", shape, strict=True))
     sizes["K"] = context_sentences
+    sizes["C"] = context_sentences * shape[-1]  # packed context rows: K * L slots
     return {
         name: jax.ShapeDtypeStruct(tuple(sizes[a] for a in ax), schema.DTYPE, sharding=sharding)
         for name, ax in axes.items()
