@@ -74,10 +74,10 @@ VARIANTS: dict[str, tuple[dict, Needs]] = {
         {"name": "rnnsearch_hmgdc", **SMALL_RNN, "document_scope": False},
         Needs(False, 0, False, None),
     ),
-    "doct": ({"name": "doct", **SMALL}, Needs(False, 2, False, None)),
+    "doct": ({"name": "doct", **SMALL}, Needs(False, 2, False, PackingConfig("sentence", 128))),
     "doct_rows": (
         {"name": "doct", **SMALL, "sentence_rows": True, "context_sentences": 3},
-        Needs(True, 3, False, None),
+        Needs(True, 3, False, PackingConfig("sentence", 128)),
     ),
     "jean_cho": ({"name": "jean_cho", **SMALL}, Needs(False, 1, False, None)),
     "jean_cho_rows": (

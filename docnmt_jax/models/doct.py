@@ -47,6 +47,16 @@ leaves open, each reading below is tested in ``tests/test_doct.py``):
   ``context_sentences``, ``num_context_layers``, two-step vs joint (``configs/doct.py`` vs
   ``configs/doct.py:two_step``), ``context_in_encoder``/``context_in_decoder`` and
   ``context_gating`` (``configs/doct_ablations.py``).
+* Packed training (``config.data.packed``, the default): sentences in rows of 128 slots as
+  the sentence Transformer's, each row's windows in a context row of ``k x 128`` slots
+  (:mod:`~docnmt_jax.data.window_plan`); the context encoder's self-attention and every
+  context attention are masked by segment equality (a window carries its sentence's segment
+  id), positions run over each window's real tokens, and a token whose segment has no window
+  skips its context sublayers, as a document's first sentence on the grid
+  (``tests/test_doct_packed.py``: the same NLL and gradients as the grid path).
+* The keys/values ``C W^K_i``, ``C W^V_i`` of every context attention (Eq. 12, 16) are one
+  product of ``C^(N_c)`` with the layers' kernels concatenated (:meth:`DocT.context_kv`); the
+  parameters stay per layer, so checkpoints are unchanged.
 """
 
 from __future__ import annotations
@@ -60,6 +70,8 @@ import jax
 import jax.numpy as jnp
 
 from docnmt_jax import flops
+from docnmt_jax.data.schema import is_packed
+from docnmt_jax.data.spec import DataSpec, PackingConfig
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.decoding.search import (
     SearchConfig,
@@ -70,8 +82,13 @@ from docnmt_jax.decoding.search import (
 )
 from docnmt_jax.models import layers, transformer
 from docnmt_jax.models.base import ModelError, register, require_context_somewhere
-from docnmt_jax.models.transformer import Cache, TransformerConfig
-from docnmt_jax.models.window import WindowContextModel
+from docnmt_jax.models.transformer import Cache, Segments, TransformerConfig
+from docnmt_jax.models.window import (
+    WindowContextModel,
+    context_attend,
+    context_present,
+    packed_window_rows,
+)
 
 Array = jax.Array
 
@@ -107,8 +124,8 @@ class DocTConfig(TransformerConfig):
 
 class ContextSublayer(nn.Module):
     """The sublayer wrapper after a context attention: gating (Eq. 21-22) or the residual,
-    each followed by LayerNorm (post-LN); rows without context (``present`` False) pass
-    ``H`` through unchanged."""
+    each followed by LayerNorm (post-LN); rows or tokens without context (``present`` ``[N]``
+    or ``[N, T]`` False: a document's first sentence) pass ``H`` through unchanged."""
 
     config: DocTConfig
 
@@ -127,7 +144,7 @@ class ContextSublayer(nn.Module):
             out = x + nn.Dropout(cfg.dropout_rate)(sub, deterministic=cfg.deterministic)
         if not cfg.pre_ln:
             out = norm(out)
-        return jnp.where(present[:, None, None], out, x)
+        return jnp.where(present.reshape(present.shape + (1,) * (x.ndim - present.ndim)), out, x)
 
     def _gate_projection(self, name: str) -> nn.Dense:
         """``W_i`` or ``W_s`` of Eq. (22): ``D x D``, no bias (THUMT)."""
@@ -157,20 +174,33 @@ class ContextEncoderLayer(nn.Module):
         self.ffn_block = cfg.sublayer("ffn_block")
 
     def __call__(
-        self, x: Array, mask: Array, context: Array, context_mask: Array, present: Array
+        self,
+        x: Array,
+        mask: Array,
+        context: Array,
+        context_mask: Array,
+        present: Array,
+        context_kv: tuple[Array, Array] | None = None,
     ) -> Array:
+        """``context_kv``: this layer's context keys/values ``[N, Lc, H, d]``, projected
+        with every layer's at once (:meth:`DocT.context_kv`); None: from ``context``."""
         x = self.attention_block(x, lambda h: self.self_attention(h, h, mask))
         if self.config.context_in_encoder:
-            attend = self.context_attention
-            x = self.context_block(x, lambda h: attend(h, context, context_mask), present)
+            attention = self.context_attention
+            x = self.context_block(
+                x,
+                lambda h: context_attend(attention, h, context, context_mask, context_kv),
+                present,
+            )
         x = self.ffn_block(x, self.ffn)
         return layers.constrain(x, ("batch", "length", "embed"))
 
 
 class ContextDecoderLayer(transformer.DecoderLayer):
     """Decoder layer of Eq. (15)-(18): self-attention, context attention, encoder-decoder
-    attention, FFN. Decoding passes the context keys/values as ``context_kv`` (projected once
-    per example, :meth:`context_kv`) like the cross-attention's."""
+    attention, FFN. ``context_kv``: the context keys/values projected beforehand (training:
+    ``[N, Lc, H, d]`` with every layer's at once; decoding, with ``cache``: heads-major, once
+    per example, :meth:`DocT.decode_inputs`, like the cross-attention's)."""
 
     config: DocTConfig
 
@@ -196,11 +226,11 @@ class ContextDecoderLayer(transformer.DecoderLayer):
     ) -> tuple[Array, Cache | None]:
         y, new_cache = self.self_attention_sublayer(y, self_mask, cache, index)
         if self.config.context_in_decoder:
-            attention = self.context_attention
+            attention, heads_major = self.context_attention, cache is not None
             y = self.context_block(
                 y,
-                lambda h: transformer.memory_attention(
-                    attention, h, context, context_mask, context_kv
+                lambda h: context_attend(
+                    attention, h, context, context_mask, context_kv, heads_major
                 ),
                 present,
             )
@@ -208,17 +238,17 @@ class ContextDecoderLayer(transformer.DecoderLayer):
         y = self.ffn_block(y, self.ffn)
         return layers.constrain(y, ("batch", "length", "embed")), new_cache
 
-    def context_kv(self, context: Array) -> tuple[Array, Array]:
-        """Context-attention keys/values ``[B, H, Lc, d]`` (heads-major) of the context states."""
-        return tuple(layers.heads_major(x) for x in self.context_attention.project_kv(context))
-
 
 class DocT(transformer.Transformer):
     """DocT over sentence rows: ``src [N, Ts]`` with each row's context ``[N, Lc]``
-    (:func:`~.window.context_windows`) -> logits ``[N, Tt, V]``. Same parameter names as the
-    sentence Transformer for ``theta_s``."""
+    (:func:`~.window.context_windows`) -> logits ``[N, Tt, V]``; or packed rows ``[B, L]``
+    with ``segments`` (:func:`~.window.packed_window_rows`): each segment one sentence,
+    its window the context tokens with its segment id. Same parameter names as the sentence
+    Transformer for ``theta_s``. ``fuse_context_kv``: the context keys/values of every
+    layer from one product over the context states (:meth:`context_kv`)."""
 
     config: DocTConfig
+    fuse_context_kv: bool = True
     encoder_layer_class: ClassVar[type[nn.Module]] = ContextEncoderLayer
     decoder_layer_class: ClassVar[type[nn.Module]] = ContextDecoderLayer
 
@@ -229,32 +259,95 @@ class DocT(transformer.Transformer):
         if cfg.pre_ln:
             self.context_norm = layers.layer_norm(cfg.dtype)
 
-    def encode_context(self, context: Array, context_mask: Array) -> Array:
+    def encode_context(
+        self, context: Array, context_mask: Array, segments: Segments | None = None
+    ) -> Array:
         """``C^(N_c)`` (Eq. 4-9) of contexts ``[N, Lc]``: positions count the real tokens of the
-        concatenation; no input dropout (THUMT)."""
-        positions = jnp.maximum(jnp.cumsum(context_mask > 0, axis=-1) - 1, 0)
+        concatenation (packed: of each window, ``context_positions``; a window attends only
+        to itself); no input dropout (THUMT)."""
+        if segments is None:
+            positions = jnp.maximum(jnp.cumsum(context_mask > 0, axis=-1) - 1, 0)
+            mask = layers.padding_mask(context_mask, context_mask)
+        else:
+            positions, ids = segments["context_positions"], segments["context_segment_ids"]
+            mask = layers.segment_mask(ids, ids)
         x = self.embed(context) + layers.sinusoidal_encoding(
             positions, self.config.d_model, jnp.float32
         )
-        mask = layers.padding_mask(context_mask, context_mask)
         for layer in self.context_layers:
             x = layer(x, mask)
         return self.context_norm(x) if self.config.pre_ln else x
 
+    def context_kv(self, states: Array, stacks: tuple[str, ...]) -> list[tuple[Array, Array]]:
+        """Context-attention keys/values ``[N, Lc, H, d]`` of the context states for every
+        layer of ``stacks`` (``"encoder"``, ``"decoder"``), in order: the ``K_i = C W^K_i``,
+        ``V_i = C W^V_i`` of Eq. (12) and (16). With :attr:`fuse_context_kv` one product of
+        ``C`` with the layers' kernels concatenated (the parameters stay per layer)."""
+        attentions = [
+            (f"{stack}_layers_{i}", layer.context_attention)
+            for stack in stacks
+            for i, layer in enumerate(getattr(self, f"{stack}_layers"))
+        ]
+        if not self.fuse_context_kv or self.is_initializing() or not attentions:
+            return [attention.project_kv(states) for _, attention in attentions]
+        params = nn.meta.unbox(self.variables["params"])
+        kernels, biases = [], []
+        for path, _ in attentions:
+            for name in ("key", "value"):
+                dense = params[path]["context_attention"][name]
+                kernels.append(dense["kernel"])
+                biases.append(dense["bias"])
+        dtype = self.config.dtype
+        kernel = jnp.stack(kernels, axis=1).astype(dtype)  # [D, 2P, H, d]
+        kv = jnp.einsum("nlD,Dphd->nlphd", states.astype(dtype), kernel)
+        kv = kv + jnp.stack(biases).astype(dtype)
+        return [(kv[:, :, 2 * j], kv[:, :, 2 * j + 1]) for j in range(len(attentions))]
+
+    def _stacks(self) -> tuple[str, ...]:
+        cfg = self.config
+        return ("encoder",) * cfg.context_in_encoder + ("decoder",) * cfg.context_in_decoder
+
     def encode(  # type: ignore[override]
-        self, src: Array, src_mask: Array, context: Array, context_mask: Array
+        self,
+        src: Array,
+        src_mask: Array,
+        context: Array,
+        context_mask: Array,
+        segments: Segments | None = None,
     ) -> tuple[Array, Array]:
         """(encoder states ``S^(N_s)`` ``[N, Ts, D]``, context states ``C^(N_c)``
         ``[N, Lc, D]``) of sentences ``src [N, Ts]`` and their contexts ``[N, Lc]``."""
-        states = self.encode_context(context, context_mask)
-        present = jnp.any(context_mask > 0, axis=-1)
-        positions = jnp.broadcast_to(jnp.arange(src.shape[-1]), src.shape)
+        encoded, states, _ = self._encode(src, src_mask, context, context_mask, segments)
+        return encoded, states
+
+    def _encode(
+        self,
+        src: Array,
+        src_mask: Array,
+        context: Array,
+        context_mask: Array,
+        segments: Segments | None,
+    ) -> tuple[Array, Array, list[tuple[Array, Array]]]:
+        """:meth:`encode` and the decoder layers' context keys/values (one product with the
+        encoder layers')."""
+        states = self.encode_context(context, context_mask, segments)
+        kv = self.context_kv(states, self._stacks())
+        encoder_kv = kv[: len(self.encoder_layers)] if self.config.context_in_encoder else []
+        if segments is None:
+            positions = jnp.broadcast_to(jnp.arange(src.shape[-1]), src.shape)
+            mask = layers.padding_mask(src_mask, src_mask)
+            to_context = layers.padding_mask(src_mask, context_mask)
+        else:
+            positions, ids = segments["src_positions"], segments["src_segment_ids"]
+            mask = layers.segment_mask(ids, ids)
+            to_context = layers.segment_mask(ids, segments["context_segment_ids"])
+        present = context_present(to_context, context_mask, segments)
         x = self._embed(src, positions)
-        mask = layers.padding_mask(src_mask, src_mask)
-        to_context = layers.padding_mask(src_mask, context_mask)
-        for layer in self.encoder_layers:
-            x = layer(x, mask, states, to_context, present)
-        return (self.encoder_norm(x) if self.config.pre_ln else x), states
+        for i, layer in enumerate(self.encoder_layers):
+            layer_kv = encoder_kv[i] if encoder_kv else None
+            x = layer(x, mask, states, to_context, present, layer_kv)
+        encoded = self.encoder_norm(x) if self.config.pre_ln else x
+        return encoded, states, kv[len(encoder_kv) :]
 
     def decode(  # type: ignore[override]
         self,
@@ -264,16 +357,32 @@ class DocT(transformer.Transformer):
         tgt_mask: Array,
         context_states: Array,
         context_mask: Array,
+        segments: Segments | None = None,
+        context_kv: list[tuple[Array, Array]] | None = None,
     ) -> Array:
-        """Teacher-forced decoder: ``tgt_in [N, Tt]`` (shifted right) -> logits."""
-        present = jnp.any(context_mask > 0, axis=-1)
-        positions = jnp.broadcast_to(jnp.arange(tgt_in.shape[-1]), tgt_in.shape)
-        self_mask = layers.causal_mask(tgt_in.shape[-1]) & layers.padding_mask(tgt_mask, tgt_mask)
-        cross_mask = layers.padding_mask(tgt_mask, src_mask)
-        to_context = layers.padding_mask(tgt_mask, context_mask)
+        """Teacher-forced decoder: ``tgt_in [N, Tt]`` (shifted right) -> logits;
+        ``context_kv``: the decoder layers' context keys/values (None: projected here)."""
+        causal = layers.causal_mask(tgt_in.shape[-1])
+        if segments is None:
+            positions = jnp.broadcast_to(jnp.arange(tgt_in.shape[-1]), tgt_in.shape)
+            self_mask = causal & layers.padding_mask(tgt_mask, tgt_mask)
+            cross_mask = layers.padding_mask(tgt_mask, src_mask)
+            to_context = layers.padding_mask(tgt_mask, context_mask)
+        else:
+            positions, ids = segments["tgt_positions"], segments["tgt_segment_ids"]
+            self_mask = causal & layers.segment_mask(ids, ids)
+            cross_mask = layers.segment_mask(ids, segments["src_segment_ids"])
+            to_context = layers.segment_mask(ids, segments["context_segment_ids"])
+        present = context_present(to_context, context_mask, segments)
+        if context_kv is None and self.config.context_in_decoder:
+            context_kv = self.context_kv(context_states, ("decoder",))
         y = self._embed(tgt_in, positions)
-        for layer in self.decoder_layers:
-            y, _ = layer(y, self_mask, encoded, cross_mask, context_states, to_context, present)
+        for i, layer in enumerate(self.decoder_layers):
+            layer_kv = context_kv[i] if context_kv else None
+            y, _ = layer(
+                y, self_mask, encoded, cross_mask, context_states, to_context, present,
+                context_kv=layer_kv,
+            )  # fmt: skip
         return self._output(y)
 
     def __call__(  # type: ignore[override]
@@ -284,11 +393,18 @@ class DocT(transformer.Transformer):
         tgt_mask: Array,
         context: Array,
         context_mask: Array,
+        segments: Segments | None = None,
     ) -> Array:
-        """Logits ``[N, Tt, V]`` for targets ``tgt`` (not shifted; EOS-terminated)."""
-        encoded, states = self.encode(src, src_mask, context, context_mask)
-        tgt_in = layers.shift_right(tgt, BOS_ID)
-        return self.decode(encoded, src_mask, tgt_in, tgt_mask, states, context_mask)
+        """Logits ``[N, Tt, V]`` for targets ``tgt`` (not shifted; EOS-terminated); with
+        ``segments``, of every segment of the packed rows with its own window."""
+        encoded, states, kv = self._encode(src, src_mask, context, context_mask, segments)
+        if segments is None:
+            tgt_in = layers.shift_right(tgt, BOS_ID)
+        else:
+            tgt_in = layers.shift_right_segments(tgt, segments["tgt_positions"], BOS_ID)
+        return self.decode(
+            encoded, src_mask, tgt_in, tgt_mask, states, context_mask, segments, kv or None
+        )
 
     def decode_inputs(  # type: ignore[override]
         self, encoded: Array, src_mask: Array, context_states: Array, context_mask: Array
@@ -298,9 +414,10 @@ class DocT(transformer.Transformer):
         every layer's context-attention keys/values, computed once per sentence."""
         extra = super().decode_inputs(encoded, src_mask)
         extra["context_mask"] = context_mask
-        for i, layer in enumerate(self.decoder_layers):
-            if self.config.context_in_decoder:
-                k, v = layer.context_kv(context_states)
+        if self.config.context_in_decoder:
+            kv = self.context_kv(context_states, ("decoder",))
+            for i, (k, v) in enumerate(kv):
+                k, v = layers.heads_major(k), layers.heads_major(v)
                 extra[f"layer_{i}"].update(context_key=k, context_value=v)
         return extra
 
@@ -314,7 +431,7 @@ class DocT(transformer.Transformer):
         cross_mask = (extra["src_mask"] > 0)[:, None, None, :]
         context_mask = extra["context_mask"] > 0
         beams = token.shape[0] // context_mask.shape[0]
-        present = jnp.repeat(jnp.any(context_mask, axis=-1), beams)
+        present = jnp.repeat(jnp.any(context_mask, axis=-1), beams)[:, None]
         new_cache: Cache = {"index": index + 1}
         for i, layer in enumerate(self.decoder_layers):
             inputs = extra[f"layer_{i}"]
@@ -364,6 +481,20 @@ class DocTModel(WindowContextModel):
     module_class = DocT
     label = "DocT"
     context_parameters = DOCUMENT_PARAMETERS  # theta_d fresh, theta_s from the Transformer
+
+    def data_spec(self) -> DataSpec:
+        """The window (:class:`WindowContextModel`); packed: sentences in rows of 128 slots
+        as the sentence Transformer's, each row's windows in a context row of ``k x 128``
+        (:mod:`~docnmt_jax.data.window_plan`)."""
+        packing = PackingConfig(unit="sentence", row_tokens=128)
+        return dataclasses.replace(super().data_spec(), packing=packing)
+
+    def rows(self, batch: dict[str, Array]) -> dict[str, Array]:
+        """Sentence rows with their windows (:meth:`WindowContextModel.rows`), or packed rows
+        as they are with their context rows (:func:`~.window.packed_window_rows`)."""
+        if is_packed(batch):
+            return packed_window_rows(batch)
+        return super().rows(batch)
 
     def window_attention_path(self) -> tuple[str, ...]:
         """The last encoder layer's context attention (Eq. 12)."""

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from docnmt_jax.data.spec import DataSpec
+from docnmt_jax.models import layers
 from docnmt_jax.models.base import (
     BaseModel,
     BatchLayout,
@@ -27,6 +28,7 @@ from docnmt_jax.models.base import (
     require_grid,
     sentence_pair_attention,
 )
+from docnmt_jax.models.transformer import Segments, packed_rows
 
 Array = jax.Array
 
@@ -40,6 +42,48 @@ def rows_with_context(batch: dict[str, Array], k: int, what: str) -> dict[str, A
     rows = {key: batch[key].reshape(-1, T) for key in ("src", "src_mask", "tgt", "tgt_mask")}
     rows["context"], rows["context_mask"] = context_windows(batch, k)
     return rows
+
+
+def packed_window_rows(batch: dict[str, Array]) -> dict[str, Array]:
+    """Module inputs of packed sentence rows with context rows
+    (:class:`~docnmt_jax.data.window_plan.WindowPackedPlan`): ``src``, ``src_mask``, ``tgt``,
+    ``tgt_mask`` ``[B, L]``, ``context``, ``context_mask`` ``[B, K*L]`` and ``segments``: the
+    sentence segments (:func:`~.transformer.packed_rows`) plus ``context_positions`` and
+    ``context_segment_ids`` (a window has its sentence's segment id)."""
+    if "context_segment_ids" not in batch:
+        raise ModelError(
+            "a window model's packed batch needs its context rows (context_src, "
+            "context_segment_ids ...): build it with PipelineConfig(context_sentences=k)"
+        )
+    rows = packed_rows(batch, unit="segment")
+    rows["context"], rows["context_mask"] = batch["context_src"], batch["context_src_mask"]
+    for name in ("context_positions", "context_segment_ids"):
+        rows["segments"][name] = batch[name]
+    return rows
+
+
+def context_attend(
+    attention: layers.MultiHeadAttention,
+    h: Array,
+    context: Array | None,
+    mask: Array,
+    kv: tuple[Array, Array] | None,
+    heads_major: bool = False,
+) -> Array:
+    """The context attention of queries ``h`` over the context states (Eq. 12, 16): over
+    ``kv`` when given (``[N, Lc, H, d]``, or heads-major in decoding), else over ``context``
+    projected here."""
+    k, v = attention.project_kv(context) if kv is None else kv
+    return attention.attend(attention.project_q(h), k, v, mask, heads_major=heads_major)
+
+
+def context_present(to_context: Array, context_mask: Array, segments: Segments | None) -> Array:
+    """Which queries have a context (a document's first sentence has none: its context
+    sublayers are skipped): ``[N, 1]`` per sentence row, packed ``[B, L]`` per token (a
+    context token with the query's segment id exists)."""
+    if segments is None:
+        return jnp.any(context_mask > 0, axis=-1)[:, None]
+    return jnp.any(to_context[:, 0], axis=-1)
 
 
 def context_windows(batch: dict[str, Array], k: int) -> tuple[Array, Array]:
