@@ -57,7 +57,28 @@ def packed_rows(task: Any, args: argparse.Namespace, sentences: int, length: int
             packed[f"{side}_chunk_ids"] = np.where(segment > 0, item // sentences + 1, 0).astype(
                 segment.dtype
             )
+    if task.context_sentences:  # a window model: every sentence's full window of k sentences
+        packed.update(window_rows(packed, task.context_sentences, length))
     return packed
+
+
+def window_rows(packed: Results, k: int, length: int) -> Results:
+    """Context rows ``[rows, k*L]`` of packed sentence rows
+    (:class:`~docnmt_jax.data.window_plan.WindowPackedPlan`'s features): each segment's window
+    ``k * length`` tokens (ids 4), one after another."""
+    segment_ids = np.asarray(packed["src_segment_ids"])
+    rows, L = segment_ids.shape
+    per_row = int(segment_ids.max(initial=0))
+    slot = np.arange(k * L)
+    segment = np.where(slot < per_row * k * length, slot // (k * length) + 1, 0)
+    segment = np.broadcast_to(segment, (rows, k * L)).astype(segment_ids.dtype)
+    real = (segment > 0).astype(segment.dtype)
+    return {
+        "context_src": 4 * real,
+        "context_src_mask": real,
+        "context_positions": real * (slot % (k * length)).astype(segment.dtype),
+        "context_segment_ids": segment,
+    }
 
 
 def growth_point(
