@@ -31,7 +31,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config.model.context_in_encoder = True  # context attention in every encoder layer (Eq. 12)
     config.model.context_in_decoder = True  # context attention in every decoder layer (Eq. 16)
     config.model.context_gating = True  # gate instead of residual after it (Eq. 21-22)
-    config.model.sentence_rows = False  # True: batch rows are sentences (less padding)
+    # True: grid rows (decoding; training with data.packed=False) are sentences, less padding;
+    # with data.packed (the default) training packs sentences and their windows either way.
+    config.model.sentence_rows = False
     if variant == "two_step":
         config.init_from_rules = "all"  # theta_s from the sentence Transformer's same paths
         config.train.freeze = (SENTENCE_PARAMETERS,)  # and kept fixed (Eq. 25)
