@@ -50,7 +50,8 @@ SentenceInputs = Callable[[Array, PyTree], PyTree]
 class DocumentState(NamedTuple):
     """Loop carry: the rows' searches (``beams.step [B]``), each row's current ``sentence
     [B]``, its ``memory`` (the chosen translation of the sentence before) and the results so
-    far, ``sequences [B, S, n, L]``, ``scores [B, S, n]``, ``lengths [B, S, n]``."""
+    far, ``sequences [B, S, n, L]``, ``scores [B, S, n]``, ``lengths [B, S, n]``; ``steps``:
+    the decoder steps run (loop iterations)."""
 
     beams: BeamState
     sentence: Array
@@ -58,6 +59,7 @@ class DocumentState(NamedTuple):
     sequences: Array
     scores: Array
     lengths: Array
+    steps: Array
 
 
 def document_search(
@@ -104,6 +106,7 @@ def document_search(
         sequences=jnp.full((B, S, nbest, max_len), PAD_ID, jnp.int32),
         scores=jnp.full((B, S, nbest), -jnp.inf, jnp.float32),
         lengths=jnp.zeros((B, S, nbest), jnp.int32),
+        steps=jnp.zeros((), jnp.int32),
     )
 
     def row_limits(s: DocumentState) -> Array:  # an idle row's "sentence" ends at once
@@ -117,7 +120,7 @@ def document_search(
         done = _done_per_example(s.beams, limit, rules)
         ends = done & (s.sentence < num_sentences)
         s = jax.lax.cond(jnp.any(ends), functools.partial(_hand_over, rules=rules), _same, s, ends)
-        return s._replace(beams=_restart(s.beams, done, rules))
+        return s._replace(beams=_restart(s.beams, done, rules), steps=s.steps + 1)
 
     def cond(s: DocumentState) -> Array:
         return jnp.any(s.sentence < num_sentences)
