@@ -339,3 +339,21 @@ def test_dummy_batch_has_no_padding_and_right_segments():
     assert (batch["src"] >= 4).all() and (batch["src"] < 50).all()
     assert batch["src_segment_ids"][1, :, 0].tolist() == [1, 2, 3]
     assert batch["src_positions"][0, 2].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_a_models_entry_sets_a_config_field_of_the_model():
+    """``--models NAME:SWITCH`` turns a boolean on, ``NAME:FIELD=VALUE`` sets a field (values
+    read as bools and numbers where they are), an unknown field is a usage error."""
+    from docnmt_jax.benchmarking import workload
+
+    args = argparse.Namespace(size="tiny", dtype="float32", vocab=64)
+    final = workload.build("final:xl_decoder=false", args, sentences=3)
+    assert final.config.xl_decoder is False
+    assert (
+        workload.build("final:max_relative_distance=3", args, 3).config.max_relative_distance == 3
+    )
+    assert workload.build("final:recurrent", args, 3).config.recurrent is True
+    assert workload.field_value("two_layout") == "two_layout"
+    assert workload.field_value("0.5") == 0.5
+    with pytest.raises(Exception, match="has no field 'nonsense'"):
+        workload.build("final:nonsense=1", args, 3)

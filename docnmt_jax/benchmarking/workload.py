@@ -51,7 +51,9 @@ def model_names(args: argparse.Namespace) -> list[str]:
 def build(name: str, args: argparse.Namespace, sentences: int) -> Any:
     """Model ``name`` at ``--size``/``--dtype`` (label smoothing 0.1), fit for chunks of
     ``sentences`` (a segment table of at least that many rows, where the model has one);
-    ``NAME:SWITCH`` turns a boolean switch of the model's config on (``final:recurrent``)."""
+    ``NAME:SWITCH`` turns a boolean switch of the model's config on (``final:recurrent``),
+    ``NAME:FIELD=VALUE`` sets a field (``final:packed_layout=two_layout``; ``true``/``false``
+    and numbers are read as such)."""
     from docnmt_jax.models import build_model
     from docnmt_jax.models.base import registration
 
@@ -71,15 +73,28 @@ def build(name: str, args: argparse.Namespace, sentences: int) -> Any:
     known = {f.name for f in dataclasses.fields(registration(name).config_class)}
     config = {"name": name, **{key: value for key, value in sizes.items() if key in known}}
     if switch:
-        if switch not in known:
-            raise UsageError(f"--models {name}:{switch}: {name} has no switch {switch!r}")
-        config[switch] = True
+        field, has_value, value = switch.partition("=")
+        if field not in known:
+            raise UsageError(f"--models {name}:{switch}: {name} has no field {field!r}")
+        config[field] = field_value(value) if has_value else True
     model = build_model(config, args.vocab, label_smoothing=0.1)
     fields = {f.name for f in dataclasses.fields(model.config)}
     if "max_segments" in fields and model.config.max_segments < sentences:
         config = dataclasses.replace(model.config, max_segments=sentences)
         model = type(model)(config, label_smoothing=0.1)
     return model
+
+
+def field_value(text: str) -> Any:
+    """A ``--models NAME:FIELD=VALUE`` value: a bool, int or float where it reads as one."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def make_batch(
