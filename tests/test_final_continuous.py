@@ -159,9 +159,8 @@ def _toy_search(words: np.ndarray, num_sentences: np.ndarray, max_len: int):
         logits = jnp.where(ends[:, None], jax.nn.one_hot(EOS_ID, V), jax.nn.one_hot(5, V))
         return 10.0 * logits, dict(cache, index=cache["index"] + 1)
 
-    def sentence_inputs(sentence, memory):
-        length = jnp.take_along_axis(jnp.asarray(words), sentence[:, None], 1)[:, 0]
-        return {"length": length + jnp.sum(memory["mask"], -1)}
+    def with_memory(inputs, memory):
+        return {"length": inputs["length"] + jnp.sum(memory["mask"], -1)}
 
     def run(limits, num_sentences):
         memory = {"mask": jnp.zeros((B, max_len), jnp.int32), "state": jnp.zeros((B, 1))}
@@ -169,7 +168,8 @@ def _toy_search(words: np.ndarray, num_sentences: np.ndarray, max_len: int):
         return document_search(
             step_fn,
             cache,
-            sentence_inputs,
+            {"length": jnp.asarray(words)},
+            with_memory,
             memory,
             limits,
             num_sentences,

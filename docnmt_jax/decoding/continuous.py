@@ -8,7 +8,8 @@ its result: :func:`~docnmt_jax.decoding.beam_search._done_per_example`) hands it
 once: the best hypothesis' cache becomes the row's memory
 (:func:`~docnmt_jax.decoding.search.memory_from_best`), the row restarts from BOS on its chunk's
 next sentence in the same loop, and a row past its last real sentence idles. A chunk costs the
-sum of its sentences' search steps, the batch the longest such sum.
+sum of its sentences' search steps, the batch the longest such sum. The hand-over moves one
+row at a time (a loop over the rows that ended), so its copies cost what they move.
 
 Every sentence's search is the slot search's, step for step: the rows run
 :func:`~docnmt_jax.decoding.beam_search._beam_step` with a per-row step counter (``BeamState.step``
@@ -19,7 +20,6 @@ the slot search: its draws are keyed by the step of the whole batch).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from docnmt_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from docnmt_jax.decoding.beam_search import (
     NEG_INF,
+    BeamResult,
     BeamState,
     StepFn,
     _beam_step,
@@ -42,19 +43,20 @@ from docnmt_jax.decoding.search import memory_from_best
 
 Array = jax.Array
 PyTree = Any
-#: ``(sentence [B], memory) -> extra``: the per-example inputs of every row's current sentence
-#: (``beam_search``'s ``extra``) with the row's memory.
-SentenceInputs = Callable[[Array, PyTree], PyTree]
+#: ``(inputs, memory) -> extra``: a step's per-example inputs (``beam_search``'s ``extra``) from
+#: the inputs of every row's current sentence (leaves ``[B, ...]``) and the rows' memories.
+WithMemory = Callable[[PyTree, PyTree], PyTree]
 
 
 class DocumentState(NamedTuple):
     """Loop carry: the rows' searches (``beams.step [B]``), each row's current ``sentence
-    [B]``, its ``memory`` (the chosen translation of the sentence before) and the results so
-    far, ``sequences [B, S, n, L]``, ``scores [B, S, n]``, ``lengths [B, S, n]``; ``steps``:
-    the decoder steps run (loop iterations)."""
+    [B]``, that sentence's ``inputs`` (leaves ``[B, ...]``), the row's ``memory`` (the chosen
+    translation of the sentence before) and the results so far, ``sequences [B, S, n, L]``,
+    ``scores [B, S, n]``, ``lengths [B, S, n]``; ``steps``: the decoder steps run."""
 
     beams: BeamState
     sentence: Array
+    inputs: PyTree
     memory: PyTree
     sequences: Array
     scores: Array
@@ -65,7 +67,8 @@ class DocumentState(NamedTuple):
 def document_search(
     step_fn: StepFn,
     cache: PyTree,
-    sentence_inputs: SentenceInputs,
+    sentences: PyTree,
+    with_memory: WithMemory,
     memory: PyTree,
     limits: Array,
     num_sentences: Array,
@@ -84,7 +87,9 @@ def document_search(
         position per row ``[N]``.
       cache: the model's empty cache for ``B`` rows of ``max_len`` positions (its ``index``
         is replaced by per-row zeros).
-      sentence_inputs: the ``extra`` of each row's sentence and memory (:data:`SentenceInputs`).
+      sentences: every sentence's inputs, leaves ``[B, S', ...]`` (``S' = 1``: the same for
+        all of a row's sentences); a step reads ``with_memory(inputs, memory)``
+        (:data:`WithMemory`).
       memory: the memory of every row's first sentence.
       limits: output limits ``[B, S]`` of every sentence (EOS included).
       num_sentences: ``[B]`` sentences to search per row (0: the row idles).
@@ -98,10 +103,10 @@ def document_search(
     B, S = limits.shape
     rules = _Rules(beam_size, alpha, max_len, EOS_ID, BOS_ID, PAD_ID, True, False, True, None)
     cache = dict(cache, index=jnp.zeros((B,), jnp.int32))
-    beams = _initial_state(cache, B, rules)._replace(step=jnp.zeros((B,), jnp.int32))
     state = DocumentState(
-        beams=beams,
+        beams=_initial_state(cache, B, rules)._replace(step=jnp.zeros((B,), jnp.int32)),
         sentence=jnp.zeros((B,), jnp.int32),
+        inputs=jax.tree.map(lambda x: x[:, 0], sentences),
         memory=memory,
         sequences=jnp.full((B, S, nbest, max_len), PAD_ID, jnp.int32),
         scores=jnp.full((B, S, nbest), -jnp.inf, jnp.float32),
@@ -115,12 +120,11 @@ def document_search(
 
     def body(s: DocumentState) -> DocumentState:
         limit = row_limits(s)
-        extra = sentence_inputs(jnp.minimum(s.sentence, S - 1), s.memory)
-        s = s._replace(beams=_beam_step(s.beams, step_fn, extra, limit, rules))
-        done = _done_per_example(s.beams, limit, rules)
+        beams = _beam_step(s.beams, step_fn, with_memory(s.inputs, s.memory), limit, rules)
+        done = _done_per_example(beams, limit, rules)
         ends = done & (s.sentence < num_sentences)
-        s = jax.lax.cond(jnp.any(ends), functools.partial(_hand_over, rules=rules), _same, s, ends)
-        return s._replace(beams=_restart(s.beams, done, rules), steps=s.steps + 1)
+        s = _hand_over(beams, s._replace(beams=None), ends, sentences, rules)
+        return s._replace(beams=_restart(beams, done, rules), steps=s.steps + 1)
 
     def cond(s: DocumentState) -> Array:
         return jnp.any(s.sentence < num_sentences)
@@ -128,33 +132,50 @@ def document_search(
     return jax.lax.while_loop(cond, body, state)
 
 
-def _same(s: DocumentState, ends: Array) -> DocumentState:
-    return s
+def _hand_over(
+    beams: BeamState, s: DocumentState, ends: Array, sentences: PyTree, rules: _Rules
+) -> DocumentState:
+    """Rows ``ends [B]`` finished their sentence (``beams``, read only): each writes its
+    result at its sentence, takes its chosen hypothesis as memory
+    (:func:`~docnmt_jax.decoding.search.memory_from_best`) and the inputs of its next
+    sentence; one row at a time, over the rows that ended."""
+    K = rules.beam_size
+    pool = _result(beams._replace(best_cache=None), rules._replace(keep_best_cache=False))
+    fallback = ~jnp.any(beams.finished_flags, axis=1)  # not reachable: EOS is forced
+    rows = jnp.nonzero(ends, size=ends.shape[0], fill_value=0)[0]
 
+    def row(x: Array, b: Array) -> Array:  # x[b : b + 1]
+        return jax.lax.dynamic_index_in_dim(x, b, 0, keepdims=True)
 
-def _hand_over(s: DocumentState, ends: Array, rules: _Rules) -> DocumentState:
-    """Rows ``ends [B]`` finished their sentence: its result is written at the row's sentence,
-    its chosen hypothesis becomes the row's memory, the row moves to its next sentence."""
-    result = _result(s.beams, rules)
-    n, S = s.sequences.shape[2], s.sequences.shape[1]
-    at = ends[:, None] & (jnp.arange(S)[None] == s.sentence[:, None])  # [B, S]
+    def put(x: Array, value: Array, at: tuple[Array, ...]) -> Array:
+        at = at + (0,) * (x.ndim - len(at))
+        return jax.lax.dynamic_update_slice(x, value.astype(x.dtype), at)
 
-    def write(old: Array, new: Array) -> Array:  # new [B, n, ...] at [b, sentence_b]
-        where = at.reshape(at.shape + (1,) * (old.ndim - 2))
-        return jnp.where(where, new[:, None, :n], old)
+    def one(i: Array, s: DocumentState) -> DocumentState:
+        b = rows[i]
+        k = s.sentence[b]
+        best = jax.tree.map(
+            lambda kept, live: jnp.where(fallback[b], row(live, b * K), row(kept, b)),
+            beams.best_cache,
+            beams.live_cache,
+        )
+        result = BeamResult(row(pool.sequences, b), None, row(pool.lengths, b), None, best)
+        n = s.sequences.shape[2]
 
-    memory = jax.tree.map(
-        lambda new, old: _where_rows(ends, new.astype(old.dtype), old),
-        memory_from_best(result),
-        s.memory,
-    )
-    return s._replace(
-        sentence=s.sentence + ends,
-        memory=memory,
-        sequences=write(s.sequences, result.sequences),
-        scores=write(s.scores, result.scores),
-        lengths=write(s.lengths, result.lengths),
-    )
+        def next_inputs(x: Array) -> Array:  # x[b, min(k + 1, S' - 1)] as [1, ...]
+            at = (b, jnp.minimum(k + 1, x.shape[1] - 1)) + (0,) * (x.ndim - 2)
+            return jax.lax.dynamic_slice(x, at, (1, 1) + x.shape[2:])[:, 0]
+
+        return s._replace(
+            sentence=s.sentence.at[b].add(1),
+            inputs=jax.tree.map(lambda x, t: put(x, next_inputs(t), (b,)), s.inputs, sentences),
+            memory=jax.tree.map(lambda x, m: put(x, m, (b,)), s.memory, memory_from_best(result)),
+            sequences=put(s.sequences, row(pool.sequences, b)[:, None, :n], (b, k)),
+            scores=put(s.scores, row(pool.scores, b)[:, None, :n], (b, k)),
+            lengths=put(s.lengths, row(pool.lengths, b)[:, None, :n], (b, k)),
+        )
+
+    return jax.lax.fori_loop(0, jnp.sum(ends), one, s)
 
 
 def _restart(beams: BeamState, done: Array, rules: _Rules) -> BeamState:

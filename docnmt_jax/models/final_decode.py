@@ -107,18 +107,13 @@ def continuous_translate(
     B, S = src_mask.shape[:2]
     (cross, cross_mask, _), memory = search_inputs(model, params, batch, search)
     max_len, limits = sentence_limits(src_mask, search)
-    table = _cross_inputs(model, params, cross, cross_mask)
-
-    def sentence_inputs(sentence: Array, memory: MemoryKV) -> dict[str, Any]:
-        rows = jax.tree.map(lambda x: _take_rows(x, sentence), table)
-        return _with_memory(rows, memory)
-
     real = jnp.any(src_mask > 0, axis=-1)
     num_sentences = jnp.max(jnp.where(real, jnp.arange(1, S + 1), 0), axis=-1)
     state = document_search(
         lambda c, t, e: module.apply(variables, c, t, e, method=module.decode_step),
         module.apply(variables, B, max_len, method=module.init_cache),
-        sentence_inputs,
+        _cross_inputs(model, params, cross, cross_mask),
+        _with_memory,
         memory,
         limits,
         num_sentences,
@@ -153,12 +148,6 @@ def _cross_inputs(model: BaseModel, params: Any, cross: Array, cross_mask: Array
 
     table = jax.lax.map(one_slot, (cross, cross_mask))
     return jax.tree.map(lambda x: x.swapaxes(0, 1), table)
-
-
-def _take_rows(x: Array, sentence: Array) -> Array:
-    """``x[b, sentence[b]]`` of ``x [B, S', ...]`` (the last of ``S'`` beyond it)."""
-    index = jnp.minimum(sentence, x.shape[1] - 1)
-    return jnp.take_along_axis(x, index.reshape((-1, 1) + (1,) * (x.ndim - 2)), axis=1)[:, 0]
 
 
 def _with_memory(rows: dict[str, Any], memory: MemoryKV) -> dict[str, Any]:
