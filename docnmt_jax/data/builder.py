@@ -32,6 +32,7 @@ from docnmt_jax.data.packed_plan import PackedPlan
 from docnmt_jax.data.spec import DataLimitError, DataSpec, PipelineConfig
 from docnmt_jax.data.stream_plan import StreamPlan
 from docnmt_jax.data.tokenized import Encode, TokenizedCorpus, tokenize_corpus
+from docnmt_jax.data.two_layout_plan import TwoLayoutPlan
 
 PipelineInput = Sequence[Document] | TokenizedCorpus | BatchPlan | PackedPlan
 
@@ -91,7 +92,8 @@ def plan_batches(
 ) -> BatchPlan | PackedPlan:
     """The deterministic batch plan of documents (tokenised with ``encode``) or a corpus: a
     :class:`~docnmt_jax.data.packed_plan.PackedPlan` when ``config.packing`` is set
-    (:class:`~docnmt_jax.data.grouped_plan.GroupedPackedPlan` for ``unit="grouped"``), else a
+    (:class:`~docnmt_jax.data.grouped_plan.GroupedPackedPlan` for ``unit="grouped"``,
+    :class:`~docnmt_jax.data.two_layout_plan.TwoLayoutPlan` with ``block_tokens``), else a
     :class:`~docnmt_jax.data.batch_plan.BatchPlan`. A plan is returned as is (its config must
     match ``config`` when one is given)."""
     if isinstance(data, BatchPlan | PackedPlan):
@@ -112,4 +114,6 @@ def plan_batches(
         return BatchPlan(corpus, config)
     if config.packing.unit == "grouped":
         return GroupedPackedPlan(corpus, config)
+    if config.packing.block_tokens is not None:
+        return TwoLayoutPlan(corpus, config)
     return PackedPlan(corpus, config)
