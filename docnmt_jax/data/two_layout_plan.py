@@ -21,9 +21,10 @@ sentence with ``sentence_index > 0`` is segment ``s - 1``: the model finds memor
 (:mod:`docnmt_jax.models.final_two_layout`).
 
 Packing (deterministic): chunks by decreasing footprint (ties by id); a chunk's class is the
-shortest row length ``row_tokens * 2**i`` whose empty row holds it; it goes into the first open
-row of its class that holds it (its sentences first-fit decreasing into the row's blocks,
-all three rooms checked), else into a new row. :class:`TwoLayoutPlan` is a
+shortest row length ``row_tokens * 2**i`` whose empty row holds it; it goes into the fullest
+row of its class that holds it (best fit among the first :data:`MAX_TRIES` rows with enough
+free slots; its sentences best-fit decreasing into the row's blocks, all three rooms
+checked), else into a new row. :class:`TwoLayoutPlan` is a
 :class:`~docnmt_jax.data.packed_plan.PackedPlan` with this placement (the same epochs and
 materialisation); :func:`align_grid` is the reference derivation from a grid batch.
 """
@@ -45,8 +46,10 @@ from docnmt_jax.data.packed_plan import (
 
 #: Rooms of a block: source, target and memory slots.
 ROOMS = 3
-#: Open rows of a class tried per chunk, in opening order (bounds the planning time).
-MAX_TRIES = 64
+#: Rows with enough free slots tried per chunk, fullest first (bounds the planning time).
+MAX_TRIES = 1024
+#: Free-slot steps of the rows' buckets.
+GRAIN = 16
 
 
 def sentence_needs(src: np.ndarray, tgt: np.ndarray) -> np.ndarray:
@@ -56,22 +59,82 @@ def sentence_needs(src: np.ndarray, tgt: np.ndarray) -> np.ndarray:
     return np.stack([src, tgt, memory], axis=1).astype(np.int64)
 
 
-def assign_blocks(room: np.ndarray, need: np.ndarray) -> np.ndarray | None:
-    """The block of every sentence (``need`` from :func:`sentence_needs`) by first-fit
-    decreasing into ``room [blocks, 3]`` (slots left), which is updated; None, ``room``
-    untouched, when a sentence finds no block."""
-    order = np.lexsort((np.arange(len(need)), -need.max(axis=1)))
-    trial = room.copy()
-    block = np.empty(len(need), np.int64)
-    for k in order.tolist():
-        fits = np.all(trial >= need[k], axis=1)
-        if not fits.any():
+Rooms = list[list[int]]  # per block: source, target and memory slots left
+
+
+def assign_blocks(room: Rooms, need: list[list[int]]) -> list[int] | None:
+    """The block of every sentence (``need``: :func:`sentence_needs` as lists) by best-fit
+    decreasing into ``room`` (each sentence to the block that it leaves fullest, ties to the
+    first), which is updated; None, ``room`` untouched, when a sentence finds no block.
+    Python ints: a few blocks a row, faster than NumPy."""
+    trial = [list(r) for r in room]
+    block = [0] * len(need)
+    for k in sorted(range(len(need)), key=lambda k: (-max(need[k]), k)):
+        a, b, c = need[k]
+        best, best_slack = -1, 0
+        for j, (x, y, z) in enumerate(trial):
+            if x >= a and y >= b and z >= c and (best < 0 or x + y + z < best_slack):
+                best, best_slack = j, x + y + z
+        if best < 0:
             return None
-        b = int(np.argmax(fits))
-        trial[b] -= need[k]
-        block[k] = b
+        trial[best][0] -= a
+        trial[best][1] -= b
+        trial[best][2] -= c
+        block[k] = best
     room[:] = trial
     return block
+
+
+class RowPool:
+    """The rows of one row length: their rooms (:data:`Rooms`), free slots per room and
+    chunks, bucketed by free slots (the smaller side's, in steps of :data:`GRAIN`) for best
+    fit."""
+
+    def __init__(self, blocks: int, block_tokens: int):
+        self.blocks, self.block_tokens = blocks, block_tokens
+        self.rooms: list[Rooms] = []
+        self.free: list[list[int]] = []
+        self.widest: list[int] = []  # the most a block can still take on all three rooms
+        self.members: list[list[int]] = []
+        self.buckets: dict[int, set[int]] = {}
+
+    def _file(self, r: int, old: int | None, need: list[list[int]]) -> None:
+        if old is not None:
+            self.buckets[old].discard(r)
+        self.free[r] = [f - sum(n[i] for n in need) for i, f in enumerate(self.free[r])]
+        self.widest[r] = max(min(room) for room in self.rooms[r])
+        self.buckets.setdefault(min(self.free[r][:2]) // GRAIN, set()).add(r)
+
+    def add(self, item: int, need: list[list[int]]) -> list[int] | None:
+        """Places chunk ``item`` (its sentences' ``need``) in the fullest row that holds it
+        (of the first :data:`MAX_TRIES` with enough free slots), else in a new row; returns its
+        sentences' blocks, or None when an empty row cannot hold it."""
+        empty = [[self.block_tokens] * ROOMS for _ in range(self.blocks)]
+        fresh = assign_blocks(empty, need)
+        if fresh is None:
+            return None
+        total = [sum(n[i] for n in need) for i in range(ROOMS)]
+        largest = max(max(n) for n in need)
+        tried, first_key = 0, -(-max(total[:2]) // GRAIN)
+        for key in range(first_key, self.blocks * self.block_tokens // GRAIN + 1):
+            for r in self.buckets.get(key, ()):  # ints: a deterministic order
+                free = self.free[r]
+                if tried == MAX_TRIES or self.widest[r] < largest:
+                    continue
+                if free[0] < total[0] or free[1] < total[1] or free[2] < total[2]:
+                    continue
+                tried += 1
+                block = assign_blocks(self.rooms[r], need)
+                if block is not None:
+                    self._file(r, key, need)
+                    self.members[r].append(item)
+                    return block
+        self.rooms.append(empty)
+        self.free.append([self.blocks * self.block_tokens] * ROOMS)
+        self.widest.append(self.block_tokens)
+        self.members.append([item])
+        self._file(len(self.rooms) - 1, None, need)
+        return fresh
 
 
 def block_offsets(block: np.ndarray, lengths: np.ndarray, block_tokens: int) -> np.ndarray:
@@ -103,45 +166,25 @@ class TwoLayoutPlan(PackedPlan):
         ]
         footprint = np.array([n[:, :2].sum(0).max() if n.size else 0 for n in needs], np.int64)
         order = np.lexsort((np.arange(footprint.size), -footprint))
-        rooms: list[list[np.ndarray]] = [[] for _ in row_lengths]
-        members: list[list[list[int]]] = [[] for _ in row_lengths]
+        pools = [RowPool(int(L) // M, M) for L in row_lengths]
         self._blocks = np.zeros(int(lengths["src"].size), np.int64)
         for item in order.tolist():
-            block, i, r, room = self._place(needs[item], rooms, row_lengths // M, M)
-            if r == len(rooms[i]):
-                rooms[i].append(room)
-                members[i].append([])
-            members[i][r].append(item)
-            start = int(c["start"][item])
-            self._blocks[start : start + block.size] = block
-        rows = [np.sort(np.asarray(m, np.int64)) for cls in members for m in cls]
-        sentence_slots = sum(len(cls) * int(L) for cls, L in zip(rooms, row_lengths, strict=True))
-        real = int(lengths["src"].sum() + lengths["tgt"].sum())
-        self.sentence_padding = 1.0 - real / (2 * sentence_slots) if sentence_slots else 0.0
-        return rows, np.array([len(cls) for cls in rooms], np.int64)
-
-    def _place(
-        self, need: np.ndarray, rooms: list[list[np.ndarray]], blocks: np.ndarray, M: int
-    ) -> tuple[np.ndarray, int, int, np.ndarray]:
-        """``(blocks of the chunk's sentences, class, row, its room)``: the first open row of the
-        chunk's class with room (``row == len(rooms[class])``: a new row)."""
-        for i, n in enumerate(blocks.tolist()):
-            empty = np.full((n, ROOMS), M, np.int64)
-            block = assign_blocks(empty, need)
+            need = needs[item].tolist()
+            block = next((b for p in pools if (b := p.add(item, need)) is not None), None)
             if block is None:
-                continue
-            total = need.sum(axis=0)
-            candidates = [r for r, room in enumerate(rooms[i]) if np.all(room.sum(0) >= total)]
-            for r in candidates[:MAX_TRIES]:
-                fitted = assign_blocks(rooms[i][r], need)
-                if fitted is not None:
-                    return fitted, i, r, rooms[i][r]
-            return block, i, len(rooms[i]), empty
-        raise PackingError(
-            f"a chunk of {len(need)} sentences ({int(need[:, 0].sum())} source, "
-            f"{int(need[:, 1].sum())} target tokens) does not fit the longest aligned row "
-            f"({int(blocks[-1])} blocks of {M}); raise config.data.packed_row_tokens"
-        )
+                raise PackingError(
+                    f"a chunk of {len(needs[item])} sentences ({footprint[item]} tokens on its "
+                    f"longer side) does not fit the longest aligned row ({int(row_lengths[-1])} "
+                    f"slots in blocks of {M}); raise config.data.packed_row_tokens"
+                )
+            start = int(c["start"][item])
+            self._blocks[start : start + len(block)] = block
+        rows = [np.sort(np.asarray(m, np.int64)) for p in pools for m in p.members]
+        counts = np.array([len(p.rooms) for p in pools], np.int64)
+        real = int(lengths["src"].sum() + lengths["tgt"].sum())
+        slots = 2 * int((counts * row_lengths).sum())
+        self.sentence_padding = 1.0 - real / slots if slots else 0.0
+        return rows, counts
 
     def _placement(
         self, rows: list[np.ndarray], layout: ItemLayout
@@ -185,7 +228,7 @@ def align_grid(
     out = {name: np.zeros((len(rows_of), row_len), schema.DTYPE) for name in schema.PACKED_FEATURES}
     index = np.full((len(rows_of), row_len, 3), -1, schema.DTYPE)
     for r, grid_rows in enumerate(rows_of):
-        room = np.full((n_blocks, ROOMS), M, np.int64)
+        room = [[M] * ROOMS for _ in range(n_blocks)]
         blocks = {}  # grid row -> (its sentence slots, their blocks)
         footprint = [max(lengths[side][b].sum() for side in schema.SIDES) for b in grid_rows]
         for j in np.lexsort((np.arange(len(grid_rows)), -np.asarray(footprint))).tolist():
@@ -200,9 +243,7 @@ def align_grid(
             if blocks[b][1] is None:
                 raise PackingError(f"aligned row {r} does not hold grid row {b}")
         placed = [  # (b, s, block) in segment order
-            (b, s, k)
-            for b in grid_rows
-            for s, k in zip(*(x.tolist() for x in blocks[b]), strict=True)
+            (b, s, k) for b in grid_rows for s, k in zip(*blocks[b], strict=True)
         ]
         for side in schema.SIDES:
             n = np.array([lengths[side][b, s] for b, s, _ in placed], np.int64)
