@@ -63,42 +63,43 @@ def test_aligned_rows_put_each_sentence_in_one_block(batches):
 
 
 def test_memory_rows_hold_the_previous_sentence(batches):
+    """Every real query's memory slots hold exactly its chunk's previous sentence, at the
+    grid's distances; ``inverse`` inverts ``index``."""
     _, (packed, _), _ = batches
     memory = jax.tree.map(np.asarray, memory_rows(packed, M))
-    flat = {k: v.reshape(-1) for k, v in packed.items()}
-    real = memory.index < flat["tgt"].size
+    real = memory.index < ROW_LEN
     assert real.sum() == (TGT_LEN[:, :-1] * (TGT_LEN[:, 1:] > 0)).sum()  # sentences with a next
-    slots = np.arange(memory.index.size).reshape(memory.index.shape)
-    np.testing.assert_array_equal(memory.inverse.reshape(-1)[memory.index[real]], slots[real])
+    rows, slots = np.nonzero(real)
+    np.testing.assert_array_equal(memory.inverse[rows, memory.index[real]], slots)
+    index, per_row = blocks_of(memory.index, M), ROW_LEN // M
     for n, i in zip(*np.nonzero(blocks_of(packed["tgt_mask"], M) > 0), strict=True):
-        q = n * M + i  # every real query: its memory is its chunk's previous sentence
-        keys = memory.index[n][memory.mask[n, 0, i]]
-        same_row = np.arange(flat["tgt"].size) // ROW_LEN == q // ROW_LEN
-        prev = (
-            same_row
-            & (flat["tgt_chunk_ids"] == flat["tgt_chunk_ids"][q])
-            & (flat["tgt_sentence_index"] == flat["tgt_sentence_index"][q] - 1)
+        b, q = n // per_row, (n % per_row) * M + i  # row and slot of a real query
+        keys = index[n][memory.mask[n, 0, i]]
+        chunk, sidx, cpos = (
+            packed[f"tgt_{k}"][b] for k in ("chunk_ids", "sentence_index", "chunk_positions")
         )
+        prev = (chunk == chunk[q]) & (sidx == sidx[q] - 1)
         np.testing.assert_array_equal(np.sort(keys), np.flatnonzero(prev))
         np.testing.assert_array_equal(
-            memory.distance[n, i][memory.mask[n, 0, i]],
-            flat["tgt_chunk_positions"][q] - flat["tgt_chunk_positions"][keys],
+            memory.distance[n, i][memory.mask[n, 0, i]], cpos[q] - cpos[keys]
         )
 
 
 def test_permute_backward_is_the_inverse_gather():
-    x = jnp.arange(12.0).reshape(3, 4) + 1
-    index = jnp.array([[5, 12, 0, 12], [2, 12, 12, 7], [12, 12, 12, 12]])
-    inverse = jnp.full(12, 12).at[index.reshape(-1)].set(jnp.arange(12), mode="drop")
-    inverse = inverse.at[12 % 12].set(2).reshape(3, 4)  # index[0, 2] == 0
-    weights = jnp.arange(12.0).reshape(3, 4)
+    x = jnp.arange(12.0).reshape(4, 3) + 1  # two rows of 6 in blocks of 3
+    index = jnp.array([[5, 6, 0, 6, 2, 6], [6, 1, 6, 6, 4, 3]])
+    inverse = jnp.full((2, 6), 6).at[jnp.arange(2)[:, None], index].set(jnp.arange(6), mode="drop")
+    weights = jnp.arange(12.0).reshape(4, 3)
 
     def plain(x):
-        flat = jnp.concatenate([x.reshape(-1), jnp.zeros(1)])
-        return jnp.sum(flat[index] * weights)
+        rows = jnp.concatenate([x.reshape(2, 6), jnp.zeros((2, 1))], axis=1)
+        return jnp.sum(jnp.take_along_axis(rows, index, 1).reshape(4, 3) * weights)
 
     got = jax.grad(lambda x: jnp.sum(permute(x, index, inverse) * weights))(x)
     np.testing.assert_array_equal(got, jax.grad(plain)(x))
+    np.testing.assert_array_equal(
+        permute(x, index, inverse).reshape(2, 6)[1, 1], x.reshape(2, 6)[1, 1]
+    )
 
 
 def _float64(cfg):
@@ -172,6 +173,8 @@ def test_the_switch_selects_aligned_rows():
         M,
     )
     assert FinalModel(CFG).packing().block_tokens is None  # default: the banded rows
+    recurrent = dataclasses.replace(TWO, recurrent=True)  # streams on the grid: no packing
+    assert FinalModel(recurrent).packing() is None
     with pytest.raises(ValueError, match="packed_layout"):
         dataclasses.replace(CFG, packed_layout="diagonal")
     with pytest.raises(ValueError, match="block_tokens"):

@@ -402,8 +402,10 @@ class FinalModel(BaseModel):
         sentence's source and target offsets within ``packed_drift`` (the bound the
         cross-attention windows rely on). Packed rows are banded for sentences of at most
         ``max_sentence_len`` tokens and chunks of at most ``max_segments`` sentences: longer
-        ones would lose keys silently. Recurrent: document streams on the grid (``bptt_chunks``
-        chunks of a stream a batch), sentences of at most ``max_sentence_len`` tokens."""
+        ones would lose keys silently. ``packed_layout="two_layout"``: aligned rows of blocks
+        of ``max_sentence_len`` slots (:mod:`docnmt_jax.data.two_layout_plan`). Recurrent:
+        document streams on the grid (``bptt_chunks`` chunks of a stream a batch), sentences of
+        at most ``max_sentence_len`` tokens."""
         cfg = self.config
         if cfg.recurrent:
             return DataSpec(

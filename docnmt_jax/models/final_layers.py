@@ -108,7 +108,8 @@ class FinalConfig(TransformerConfig):
     (the data's placement rule), ``max_sentence_len`` ``M`` the longest sentence with EOS on
     either side; the attention windows are sized from them (module docstring).
     ``packed_layout``: ``"banded"`` (those rows) or ``"two_layout"``, aligned rows read in a
-    sentence and a chunk layout (:mod:`.final_two_layout`; ``packed_block``/``drift`` unused).
+    sentence and a chunk layout (:mod:`.final_two_layout`; ``packed_block``/``drift`` unused;
+    ``recurrent`` trains on the grid, where neither applies).
     """
 
     reset_word_positions: bool = True

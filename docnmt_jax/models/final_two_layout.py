@@ -38,10 +38,10 @@ Segments = dict[str, Array]
 
 
 class MemoryRows(NamedTuple):
-    """Where each block's memory row reads: ``index [N, M]`` into the flat target tokens
-    ``[B * L]`` (``B * L``: an empty slot, read as zeros), its inverse (each token's memory
-    slot, ``B * L`` where it is none), and the self-attention's memory part for the block's
-    queries: ``mask [N, 1, M, M]``, ``distance [N, M, M]``."""
+    """Where each block's memory row reads, per row ``[B, L]``: ``index`` (the target slot of
+    the row each memory slot holds; ``L``: empty, read as zeros), its inverse (each target
+    token's memory slot in the row; ``L``: none), and the self-attention's memory part for the
+    block's queries: ``mask [N, 1, M, M]``, ``distance [N, M, M]``."""
 
     index: Array
     inverse: Array
@@ -63,56 +63,56 @@ def _by_segment(values: Array, segment: Array, where: Array, size: int) -> Array
     return table.at[rows, column].set(values, mode="drop")
 
 
+def _read(rows: Array, index: Array, fill: float | int = 0) -> Array:
+    """``rows [B, L, ...]`` at ``index [B, L]`` per row (``L``: ``fill``)."""
+    pad = jnp.full((rows.shape[0], 1) + rows.shape[2:], fill, rows.dtype)
+    return jax.vmap(lambda r, i: r[i])(jnp.concatenate([rows, pad], axis=1), index)
+
+
 def memory_rows(segments: Segments, width: int) -> MemoryRows:
     """The memory rows of aligned target rows (module docstring). Segment ``s`` with
     ``sentence_index > 0`` has segment ``s - 1`` as its previous sentence (the planner's
     numbering); its tokens go to the block of ``s``, after the memories of the block's earlier
-    sentences, in order."""
+    sentences, in order (a memory beyond the block's ``width`` slots, which the planner never
+    lays, is dropped rather than written over another). Integer scatters within each row."""
     seg, chunk, sidx, pos, cpos = (
         segments[f"tgt_{name}"]
         for name in ("segment_ids", "chunk_ids", "sentence_index", "positions", "chunk_positions")
     )
     B, L = seg.shape
     size = L + 2  # segment ids 0..L, and s + 1
-    real = seg > 0
+    real, rows, slot = seg > 0, jnp.arange(B)[:, None], jnp.arange(L)[None, :]
     start = real & (pos == 0)
-    rows = jnp.arange(B)[:, None]
     length = jnp.zeros((B, size), jnp.int32).at[rows, seg].add(real.astype(jnp.int32))
     has_prev = start & (sidx > 0)
     prev_len = jnp.where(has_prev, jnp.take_along_axis(length, jnp.maximum(seg - 1, 0), 1), 0)
     offset = blocks(prev_len, width)
     offset = (jnp.cumsum(offset, axis=1) - offset).reshape(B, L)  # within the block
-    slot = jnp.arange(L)[None, :]
-    first = rows * L + (slot // width) * width + offset  # the memory's first flat slot
-    first_of = _by_segment(first, seg, has_prev, size)
+    first_of, offset_of = (
+        _by_segment(x, seg, has_prev, size) for x in ((slot // width) * width + offset, offset)
+    )
     chunk_of, sidx_of = (_by_segment(x, seg, start, size) for x in (chunk, sidx))
     nxt = jnp.minimum(seg + 1, size - 1)
     take = lambda table: jnp.take_along_axis(table, nxt, axis=1)  # noqa: E731
     is_memory = real & (take(chunk_of) == chunk) & (take(sidx_of) == sidx + 1)
-    destination = jnp.where(is_memory, take(first_of) + pos, B * L)
-    index = jnp.full(B * L, B * L, jnp.int32)
-    index = index.at[destination.reshape(-1)].set(
-        (rows * L + slot).reshape(-1).astype(jnp.int32), mode="drop"
-    )
-    index = index.reshape(-1, width)
-
-    def read(x: Array) -> Array:  # the memory slots' feature, -1 when empty
-        return jnp.concatenate([x.reshape(-1), jnp.full(1, -1, x.dtype)])[index]
-
+    inverse = jnp.where(is_memory & (take(offset_of) + pos < width), take(first_of) + pos, L)
+    index = jnp.full((B, L), L, jnp.int32).at[rows, inverse].set(slot, mode="drop")
     q = lambda x: blocks(x, width)[:, :, None]  # noqa: E731
-    mem_seg, mem_chunk, mem_cpos = (read(x)[:, None, :] for x in (seg, chunk, cpos))
+    mem_seg, mem_chunk, mem_cpos = (
+        blocks(_read(x, index, -1), width)[:, None] for x in (seg, chunk, cpos)
+    )
     mask = (mem_seg == q(seg) - 1) & (mem_chunk == q(chunk)) & (q(sidx) > 0) & (q(seg) > 0)
-    inverse = destination.reshape(-1, width).astype(jnp.int32)
-    return MemoryRows(index, inverse, mask[:, None], q(cpos) - mem_cpos)
+    return MemoryRows(index, inverse.astype(jnp.int32), mask[:, None], q(cpos) - mem_cpos)
 
 
 @jax.custom_vjp
 def permute(x: Array, index: Array, inverse: Array) -> Array:
-    """``x [N, M, ...]`` read at the flat slots ``index [N, M]`` (``N * M``: zeros), an
-    injective gather whose backward is the gather by ``inverse`` (each slot's place in the
-    output, ``N * M`` where it is not read): a permutation's transpose, no scatter-add."""
-    flat = x.reshape((-1,) + x.shape[2:])
-    return jnp.concatenate([flat, jnp.zeros_like(flat[:1])])[index]
+    """Sentence-layout ``x [N, M, ...]`` read within each row ``[B, L]`` at ``index [B, L]``
+    (``L``: zeros): an injective gather whose backward is the gather by ``inverse`` (each
+    slot's place in the output, ``L`` where it is not read), a permutation's transpose, no
+    scatter-add; rows stay apart (a batch sharded by rows gathers locally)."""
+    rows = x.reshape(index.shape + x.shape[2:])
+    return _read(rows, index).reshape(x.shape)
 
 
 def _permute_fwd(x: Array, index: Array, inverse: Array) -> tuple[Array, tuple[Array, Array]]:
