@@ -96,7 +96,9 @@ def memory_rows(segments: Segments, width: int) -> MemoryRows:
     take = lambda table: jnp.take_along_axis(table, nxt, axis=1)  # noqa: E731
     is_memory = real & (take(chunk_of) == chunk) & (take(sidx_of) == sidx + 1)
     inverse = jnp.where(is_memory & (take(offset_of) + pos < width), take(first_of) + pos, L)
-    index = jnp.full((B, L), L, jnp.int32).at[rows, inverse].set(slot, mode="drop")
+    index = (
+        jnp.full((B, L), L, jnp.int32).at[rows, inverse].set(slot.astype(jnp.int32), mode="drop")
+    )
     q = lambda x: blocks(x, width)[:, :, None]  # noqa: E731
     mem_seg, mem_chunk, mem_cpos = (
         blocks(_read(x, index, -1), width)[:, None] for x in (seg, chunk, cpos)
