@@ -87,8 +87,8 @@ def assign_blocks(room: Rooms, need: list[list[int]]) -> list[int] | None:
 
 class RowPool:
     """The rows of one row length: their rooms (:data:`Rooms`), free slots per room and
-    chunks, bucketed by free slots (the smaller side's, in steps of :data:`GRAIN`) for best
-    fit."""
+    chunks, bucketed by usable slots (free on all three rooms of a block, summed over the
+    blocks, in steps of :data:`GRAIN`) for best fit."""
 
     def __init__(self, blocks: int, block_tokens: int):
         self.blocks, self.block_tokens = blocks, block_tokens
@@ -103,7 +103,8 @@ class RowPool:
             self.buckets[old].discard(r)
         self.free[r] = [f - sum(n[i] for n in need) for i, f in enumerate(self.free[r])]
         self.widest[r] = max(min(room) for room in self.rooms[r])
-        self.buckets.setdefault(min(self.free[r][:2]) // GRAIN, set()).add(r)
+        usable = sum(min(room) for room in self.rooms[r])  # slots free on all three rooms
+        self.buckets.setdefault(usable // GRAIN, set()).add(r)
 
     def add(self, item: int, need: list[list[int]]) -> list[int] | None:
         """Places chunk ``item`` (its sentences' ``need``) in the fullest row that holds it
@@ -115,7 +116,7 @@ class RowPool:
             return None
         total = [sum(n[i] for n in need) for i in range(ROOMS)]
         largest = max(max(n) for n in need)
-        tried, first_key = 0, -(-max(total[:2]) // GRAIN)
+        tried, first_key = 0, -(-max(total) // GRAIN)
         for key in range(first_key, self.blocks * self.block_tokens // GRAIN + 1):
             for r in self.buckets.get(key, ()):  # ints: a deterministic order
                 free = self.free[r]
