@@ -34,6 +34,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config.model.packed_block = 64  # packed training: block width of the banded attention
     config.model.packed_drift = 16  # packed training: most a sentence's src/tgt offsets differ
     config.model.max_sentence_len = 128  # packed training: >= data.max_src_len, max_tgt_len
+    # Packed training's rows: "banded" (chunks in rows of 1024, banded attention) or
+    # "two_layout" (aligned rows read per sentence and per chunk: models/final_two_layout.py;
+    # equal loss and gradients, tests/test_final_two_layout.py).
+    config.model.packed_layout = "banded"
     # Context across the chunk boundary (docnmt_jax/models/final_recurrence.py): the target
     # memory and a summary of the previous chunk carried from chunk to chunk, trained on
     # document streams. Off: the paper's chunked FINAL (docs/papers/final.md, "Recurrence").

@@ -32,6 +32,7 @@ from docnmt_jax.data.packed_plan import PackedPlan
 from docnmt_jax.data.spec import DataLimitError, DataSpec, PipelineConfig
 from docnmt_jax.data.stream_plan import StreamPlan
 from docnmt_jax.data.tokenized import Encode, TokenizedCorpus, tokenize_corpus
+from docnmt_jax.data.two_layout_plan import TwoLayoutPlan
 from docnmt_jax.data.window_plan import WindowPackedPlan
 
 PipelineInput = Sequence[Document] | TokenizedCorpus | BatchPlan | PackedPlan
@@ -93,7 +94,8 @@ def plan_batches(
     """The deterministic batch plan of documents (tokenised with ``encode``) or a corpus: a
     :class:`~docnmt_jax.data.packed_plan.PackedPlan` when ``config.packing`` is set
     (:class:`~docnmt_jax.data.grouped_plan.GroupedPackedPlan` for ``unit="grouped"``,
-    :class:`~docnmt_jax.data.window_plan.WindowPackedPlan` with a context window), else a
+    :class:`~docnmt_jax.data.window_plan.WindowPackedPlan` with a context window,
+    :class:`~docnmt_jax.data.two_layout_plan.TwoLayoutPlan` with ``block_tokens``), else a
     :class:`~docnmt_jax.data.batch_plan.BatchPlan`. A plan is returned as is (its config must
     match ``config`` when one is given)."""
     if isinstance(data, BatchPlan | PackedPlan):
@@ -114,6 +116,8 @@ def plan_batches(
         return BatchPlan(corpus, config)
     if config.packing.unit == "grouped":
         return GroupedPackedPlan(corpus, config)
+    if config.packing.block_tokens is not None:
+        return TwoLayoutPlan(corpus, config)
     if config.context_sentences:
         return WindowPackedPlan(corpus, config)
     return PackedPlan(corpus, config)

@@ -43,13 +43,18 @@ class PackingConfig:
     rows of ``row_tokens`` slots, each chunk (a whole document with
     ``PipelineConfig.whole_documents``) whole within one batch of ``B * 2**i`` rows, so that a
     model can attend across the rows of a batch to its document's other sentences; a row
-    holds at most ``max_row_sentences`` sentences (the model's static sentence slots)."""
+    holds at most ``max_row_sentences`` sentences (the model's static sentence slots).
+
+    ``block_tokens`` (``unit="chunk"``, ``drift=None``): aligned rows of blocks of
+    ``block_tokens`` slots, every sentence inside one block at the same block on both sides
+    (:class:`~docnmt_jax.data.two_layout_plan.TwoLayoutPlan`, FINAL's two-layout step)."""
 
     unit: str = "sentence"
     row_tokens: int = 128
     drift: int | None = None
     max_shapes: int = 4
     max_row_sentences: int | None = None
+    block_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.unit not in PACKING_UNITS:
@@ -67,6 +72,16 @@ class PackingConfig:
             )
         if self.unit == "grouped" and self.drift is not None:
             raise ValueError("PackingConfig(unit='grouped') keeps each side contiguous: drift=None")
+        if self.block_tokens is not None and (
+            self.unit != "chunk"
+            or self.drift is not None
+            or self.block_tokens < 1
+            or self.row_tokens % self.block_tokens
+        ):
+            raise ValueError(
+                "PackingConfig.block_tokens needs unit='chunk', drift=None and row_tokens a "
+                f"multiple of it, got {self.block_tokens} (row_tokens {self.row_tokens})"
+            )
 
     @property
     def row_lengths(self) -> tuple[int, ...]:

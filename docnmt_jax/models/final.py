@@ -21,7 +21,8 @@ Documents come as chunks ``[B, S, T]`` (``S`` sentences of ``T`` tokens, PAD aft
 
 Packed rows (training; docs/design/packing_plan.md §1, §2.3-2.5): the module computes, for
 every real token, exactly what the grid computes, with masks in place of the grid's axes
-(the argument and the attention bands: :mod:`.final_layers`).
+(the argument and the attention bands: :mod:`.final_layers`; the two-layout step of
+``packed_layout = "two_layout"``, its sentence and chunk layouts: :mod:`.final_two_layout`).
 
 Switches make the rows of Table 3 configurations of this one module (the switch table is in
 the config layer, ``configs/final_table3.py``); the decoder layer class is chosen once, in
@@ -63,7 +64,7 @@ from docnmt_jax.data.spec import Bound, DataLimits, DataSpec, PackingConfig
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.decoding.beam_search import BeamResult
 from docnmt_jax.decoding.search import SearchConfig
-from docnmt_jax.models import final_decode, layers
+from docnmt_jax.models import final_decode, final_two_layout, layers
 from docnmt_jax.models import final_recurrence as recurrence
 from docnmt_jax.models.base import BaseModel, BatchLayout, ModelError, register, require_grid
 from docnmt_jax.models.final_layers import (
@@ -77,12 +78,7 @@ from docnmt_jax.models.final_layers import (
     global_layer_terms,
     transformer_rules,
 )
-from docnmt_jax.models.xl import (
-    MemoryKV,
-    XLDecoderLayer,
-    packed_decoder_attention,
-    xl_decoder_terms,
-)
+from docnmt_jax.models.xl import MemoryKV, XLDecoderLayer, xl_decoder_terms
 
 Array = jax.Array
 
@@ -184,10 +180,8 @@ class Final(FinalSearchSteps):
         x = self.input_dropout(x, deterministic=cfg.deterministic)
         if cfg.doc2sent:
             band, ids = layers.Band.dense(L), chunks
-        else:
-            M = cfg.max_sentence_len
-            band = layers.Band.covering(L, cfg.packed_block, M - 1, M - 1)
-            ids = segments["src_segment_ids"]
+        else:  # banded windows, or the sentence layout's blocks (two_layout)
+            band, ids = final_two_layout.local_band(cfg, L), segments["src_segment_ids"]
         blocks = band.blocks(ids)
         mask = layers.segment_mask(blocks, band.windows(blocks))
         x = band.blocks(x)
@@ -317,13 +311,7 @@ class Final(FinalSearchSteps):
         :attr:`FinalConfig.cross_attends_chunk` every source token of the query's chunk,
         dense over the row (the row's query blocks grouped against it)."""
         cfg = self.config
-        attention = packed_decoder_attention(
-            segments,
-            cfg.packed_block,
-            cfg.max_sentence_len,
-            cfg.packed_drift,
-            cross_chunk=cfg.cross_attends_chunk,
-        )
+        attention = final_two_layout.decoder_attention(cfg, segments)  # bands or two_layout
         band = attention.current  # the self-attention bands have the same blocks
         y = band.blocks(self._embed_target(tgt_in, segments["tgt_positions"]))
         encoded = attention.cross.blocks(encoded)  # own slice: band's blocks; chunk: the rows
@@ -407,8 +395,10 @@ class FinalModel(BaseModel):
         sentence's source and target offsets within ``packed_drift`` (the bound the
         cross-attention windows rely on). Packed rows are banded for sentences of at most
         ``max_sentence_len`` tokens and chunks of at most ``max_segments`` sentences: longer
-        ones would lose keys silently. Recurrent: document streams on the grid (``bptt_chunks``
-        chunks of a stream a batch), sentences of at most ``max_sentence_len`` tokens."""
+        ones would lose keys silently. ``packed_layout="two_layout"``: aligned rows of blocks
+        of ``max_sentence_len`` slots (:mod:`docnmt_jax.data.two_layout_plan`). Recurrent:
+        document streams on the grid (``bptt_chunks`` chunks of a stream a batch), sentences of
+        at most ``max_sentence_len`` tokens."""
         cfg = self.config
         if cfg.recurrent:
             return DataSpec(
@@ -421,10 +411,13 @@ class FinalModel(BaseModel):
                     chunk_sentences=Bound(cfg.max_segments, "max_segments"),
                 ),
             )
+        aligned = cfg.max_sentence_len if cfg.packed_layout == "two_layout" else None
         return DataSpec(
             rows=self.layout.value,
             context="chunk",
-            packing=PackingConfig(unit="chunk", row_tokens=1024, drift=cfg.packed_drift),
+            packing=PackingConfig(  # two_layout: aligned rows (data/two_layout_plan.py)
+                "chunk", 1024, None if aligned else cfg.packed_drift, block_tokens=aligned
+            ),
             limits=DataLimits(
                 packed_sentence_tokens=Bound(cfg.max_sentence_len, "max_sentence_len"),
                 chunk_sentences=Bound(cfg.max_segments, "max_segments"),

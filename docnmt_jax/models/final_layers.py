@@ -68,6 +68,7 @@ from docnmt_jax import flops
 from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.models import final_recurrence as recurrence
 from docnmt_jax.models import layers, transformer
+from docnmt_jax.models.final_two_layout import widened_segment_attention
 from docnmt_jax.models.transformer import TransformerConfig
 from docnmt_jax.models.xl import (
     Cache,
@@ -80,6 +81,7 @@ from docnmt_jax.models.xl import (
 Array = jax.Array
 #: Readings of the Doc2Sent rows' cross-attention (:attr:`FinalConfig.doc2sent_cross_attention`).
 DOC2SENT_CROSS_ATTENTION = ("own_slice", "chunk")
+PACKED_LAYOUTS = ("banded", "two_layout")  # :attr:`FinalConfig.packed_layout`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +107,9 @@ class FinalConfig(TransformerConfig):
     ``packed_drift`` the most the source and target offsets of a sentence may differ in a row
     (the data's placement rule), ``max_sentence_len`` ``M`` the longest sentence with EOS on
     either side; the attention windows are sized from them (module docstring).
+    ``packed_layout``: ``"banded"`` (those rows) or ``"two_layout"``, aligned rows read in a
+    sentence and a chunk layout (:mod:`.final_two_layout`; ``packed_block``/``drift`` unused;
+    ``recurrent`` trains on the grid, where neither applies).
     """
 
     reset_word_positions: bool = True
@@ -121,12 +126,17 @@ class FinalConfig(TransformerConfig):
     max_sentence_len: int = 128
     recurrent: bool = False  # context across chunks: final_recurrence.py
     bptt_chunks: int = 1  # recurrent: chunks of a stream back-propagated through together
+    packed_layout: str = "banded"  # PACKED_LAYOUTS
 
     def __post_init__(self) -> None:
         if self.doc2sent_cross_attention not in DOC2SENT_CROSS_ATTENTION:
             raise ValueError(
                 f"doc2sent_cross_attention must be one of {DOC2SENT_CROSS_ATTENTION}: "
                 f"{self.doc2sent_cross_attention!r}"
+            )
+        if self.packed_layout not in PACKED_LAYOUTS:
+            raise ValueError(
+                f"packed_layout must be one of {PACKED_LAYOUTS}: {self.packed_layout!r}"
             )
         if self.max_relative_distance < 0:
             raise ValueError(f"max_relative_distance must be >= 0: {self.max_relative_distance}")
@@ -211,49 +221,42 @@ class SegmentRelativeAttention(nn.Module):
         # Only distances |k - kappa| <= S - 1 occur in a chunk: slice those rows of gamma.
         used = min(R, S - 1) if memory is None else R
         gamma_k, gamma_v = gamma_k[R - used : R + used + 1], gamma_v[R - used : R + used + 1]
-        content = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
         q_gamma = jnp.einsum("bqhd,rhd->bhqr", q, gamma_k.astype(q.dtype)).astype(jnp.float32)
-        if sentence_index is None:
-            T = length // S
-            sent = jnp.arange(S)
-            distance = jnp.clip(sent[:, None] - sent[None, :], -used, used) + used  # [S, S]
-            onehot = jax.nn.one_hot(distance, 2 * used + 1, dtype=jnp.float32)
-            seg = jnp.einsum("bhstr,scr->bhstc", q_gamma.reshape(batch, H, S, T, -1), onehot)
-            logits = content.reshape(batch, H, S, T, S, T) + seg[..., None]
-            logits = logits.reshape(batch, H, length, length) / np.sqrt(dh)
-            key_mask = mask[:, None, None, :] > 0
-            if memory is not None:  # extra keys: the previous chunk's summaries
-                mem = recurrence.MemoryKeys.project(memory, projections[1:], S, used)
-                logits, key_mask = mem.extend(logits, key_mask, q, q_gamma, np.sqrt(dh))
-            weights = layers.masked_softmax(logits, key_mask)
-        else:
-            # to_distance[b, q, c, r]: the key sentence c is at clipped distance r from the
-            # query's sentence; key_sentence[b, k, c]: key token k belongs to sentence c.
-            sent = jnp.arange(S)
-            distance = jnp.clip(sentence_index[..., None] - sent, -used, used) + used
-            to_distance = jax.nn.one_hot(distance, 2 * used + 1, dtype=jnp.float32)
-            key_sentence = jax.nn.one_hot(sentence_index, S, dtype=jnp.float32)
-            per_sentence = jnp.einsum("bhqr,bqcr->bhqc", q_gamma, to_distance)
-            seg = jnp.einsum("bhqc,bkc->bhqk", per_sentence, key_sentence)
-            weights = layers.masked_softmax((content + seg) / np.sqrt(dh), mask)
-        dropped = nn.Dropout(cfg.attention_dropout_rate)(weights, deterministic=cfg.deterministic)
+        drop = nn.Dropout(cfg.attention_dropout_rate)
+        if sentence_index is not None:
+            out, weights = widened_segment_attention(
+                (q, k, v),
+                q_gamma,
+                gamma_v,
+                mask,
+                sentence_index,
+                used,
+                S,
+                lambda w: drop(w, deterministic=cfg.deterministic),
+            )
+            return layers.output_projection(cfg.d_model, cfg.dtype, name="out")(out), weights
+        content = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
+        T = length // S
+        sent = jnp.arange(S)
+        distance = jnp.clip(sent[:, None] - sent[None, :], -used, used) + used  # [S, S]
+        onehot = jax.nn.one_hot(distance, 2 * used + 1, dtype=jnp.float32)
+        seg = jnp.einsum("bhstr,scr->bhstc", q_gamma.reshape(batch, H, S, T, -1), onehot)
+        logits = content.reshape(batch, H, S, T, S, T) + seg[..., None]
+        logits = logits.reshape(batch, H, length, length) / np.sqrt(dh)
+        key_mask = mask[:, None, None, :] > 0
+        if memory is not None:  # extra keys: the previous chunk's summaries
+            mem = recurrence.MemoryKeys.project(memory, projections[1:], S, used)
+            logits, key_mask = mem.extend(logits, key_mask, q, q_gamma, np.sqrt(dh))
+        weights = layers.masked_softmax(logits, key_mask)
+        dropped = drop(weights, deterministic=cfg.deterministic)
         memory_out = 0.0
         if memory is not None:  # the memory's share; the chunk's keys as without it
             weights, dropped, memory_out = mem.split(weights, dropped, gamma_v.astype(cfg.dtype))
         out = memory_out + jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(cfg.dtype), v)
-        if sentence_index is None:
-            mass = dropped.reshape(batch, H, S, T, S, T).sum(-1)  # [B, H, S, T, S]
-            mass = jnp.einsum("bhstc,scr->bhstr", mass, onehot)  # attention mass per distance
-            rel_v = jnp.einsum(
-                "bhstr,rhd->bsthd", mass.astype(cfg.dtype), gamma_v.astype(cfg.dtype)
-            )
-            out = out + rel_v.reshape(batch, length, H, dh)
-        else:
-            mass = jnp.einsum("bhqk,bkc->bhqc", dropped, key_sentence)
-            mass = jnp.einsum("bhqc,bqcr->bhqr", mass, to_distance)  # mass per distance
-            out = out + jnp.einsum(
-                "bhqr,rhd->bqhd", mass.astype(cfg.dtype), gamma_v.astype(cfg.dtype)
-            )
+        mass = dropped.reshape(batch, H, S, T, S, T).sum(-1)  # [B, H, S, T, S]
+        mass = jnp.einsum("bhstc,scr->bhstr", mass, onehot)  # attention mass per distance
+        rel_v = jnp.einsum("bhstr,rhd->bsthd", mass.astype(cfg.dtype), gamma_v.astype(cfg.dtype))
+        out = out + rel_v.reshape(batch, length, H, dh)
         return layers.output_projection(cfg.d_model, cfg.dtype, name="out")(out), weights
 
 
