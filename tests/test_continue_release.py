@@ -14,6 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 from conftest import ROOT, tiny_config
 from etils import epath
+from test_init_from import _flat
 
 from docnmt_jax.errors import ConfigError
 from docnmt_jax.export import release
@@ -34,16 +35,6 @@ def _state(step_dir):
     )
     meta = ocp.JsonCheckpointHandler().restore(epath.Path(step_dir) / "meta")
     return state, meta
-
-
-def _flat(tree, prefix=""):
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}/"))
-        else:
-            out[f"{prefix}{key}"] = np.asarray(value)
-    return out
 
 
 def _lr(count, d_model, warmup):
