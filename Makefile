@@ -86,7 +86,7 @@ NEXT_TESTS ?= tests/test_attention_bf16.py tests/test_accelerator_run.py \
 	tests/test_translation_golden.py tests/test_loader.py tests/test_accumulation_ema.py \
 	tests/test_model_interface.py tests/test_beam_search.py
 test-jax-next: $(VENV_NEXT)/.installed
-	$(VENV_NEXT)/bin/python -m pytest -q -ra -p no:cacheprovider -m "not slow or accelerator" \
+	$(VENV_NEXT)/bin/python -m pytest -q -ra -p no:cacheprovider -m "not slow or accelerator or device_stack" \
 	  $(TEST_FLAGS) $(NEXT_TESTS)
 
 $(VENV_NEXT)/.installed: requirements-jax-next.txt pyproject.toml setup.py

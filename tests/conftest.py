@@ -195,7 +195,8 @@ HEAVY_FILES_FIRST = (
 # test of each model's equality with its naive reference, each search's equality with teacher
 # forcing, the crash-safety, error and golden-output tests, and the ones the design requires
 # in the default suite (loader equality, bf16, accumulation/EMA, the toy model, the
-# accelerator run's --smoke). The default suite keeps every behaviour's fast test; these are
+# accelerator run's --smoke of its quick stages; its whole --smoke is slow and `make
+# test-jax-next` runs it). The default suite keeps every behaviour's fast test; these are
 # its deeper or slower variants.
 SLOW_BY_MEASURED_TIME = frozenset(
     line.strip()

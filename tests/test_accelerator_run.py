@@ -1,6 +1,7 @@
 """The prepared accelerator run (experiments/accelerator_run.py): its ``--smoke`` dry run on
 CPU goes through every stage and writes every result file; a failing stage does not stop the
-others."""
+others. The default suite runs the quick stages; the whole dry run (its train stage trains and
+decodes four rows) is slow, and ``make test-jax-next`` runs it on the accelerator's stack."""
 
 import csv
 import json
@@ -8,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 sys.path.insert(0, ROOT)
@@ -15,32 +17,40 @@ sys.path.insert(0, ROOT)
 from experiments import accelerator_run  # noqa: E402
 
 
-def test_smoke_run_writes_every_stage(synthetic_dir, tmp_path):
+def run_smoke(data_dir: str, tmp_path, *stage_args: str):
+    """``accelerator_run.py --smoke`` in a subprocess; returns its output folder."""
     out, work = tmp_path / "out", tmp_path / "work"
+    command = [sys.executable, os.path.join(ROOT, "experiments", "accelerator_run.py")]
+    command += ["--smoke", "--out", str(out), "--work", str(work), "--data_dir", data_dir]
     done = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "experiments", "accelerator_run.py"),
-            "--smoke",
-            "--out",
-            str(out),
-            "--work",
-            str(work),
-            "--data_dir",
-            synthetic_dir,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=1800,
+        command + list(stage_args), capture_output=True, text=True, cwd=ROOT, timeout=1800
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def assert_quick_stages_written(out) -> None:
     versions = json.load(open(out / "versions.json"))
     assert versions["backend"] == "cpu" and versions["packages"]["jax"]
     assert versions["importable"]["ml_collections"] is True
     assert json.load(open(out / "tests.json"))["rc"] in (0, 5)  # 5: collected, none selected
     bench = json.load(open(out / "bench_tiny_float32.json"))
     assert bench  # the benchmark's own JSON, written by launch/benchmark.py
+
+
+def test_smoke_run_of_the_quick_stages(synthetic_dir, tmp_path):
+    out = run_smoke(synthetic_dir, tmp_path, "--stages", "versions,tests,benchmark")
+    assert_quick_stages_written(out)
+    summary = open(out / "summary.md").read()
+    for stage in ("versions", "tests", "benchmark"):
+        assert f"- {stage}" in summary
+    assert "- train" not in summary and "FAILED" not in summary
+
+
+@pytest.mark.device_stack
+def test_smoke_run_writes_every_stage(synthetic_dir, tmp_path):
+    out = run_smoke(synthetic_dir, tmp_path)
+    assert_quick_stages_written(out)
     with open(os.path.join(synthetic_dir, "test.tsv"), encoding="utf-8") as f:
         doc_ids = [r[0] for r in list(csv.reader(f, delimiter="\t"))[1:]]
     first_two = list(dict.fromkeys(doc_ids))[:2]  # --smoke translates two test documents
