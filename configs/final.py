@@ -40,7 +40,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config.model.packed_layout = "banded"
     # Context across the chunk boundary (docnmt_jax/models/final_recurrence.py): the target
     # memory and a summary of the previous chunk carried from chunk to chunk, trained on
-    # document streams. Off: the paper's chunked FINAL (docs/papers/final.md, "Recurrence").
+    # document streams, packed several a row while data.packed is on (data/packed_stream_plan.py;
+    # data.packed=False: one stream a grid row). Off: the paper's chunked FINAL
+    # (docs/papers/final.md, "Recurrence").
     config.model.recurrent = variant == "recurrent"
     # Recurrent: consecutive chunks of a stream back-propagated through together (1: the
     # carried state is stop-gradient at every chunk; k: gradients cross k - 1 boundaries).

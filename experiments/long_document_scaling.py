@@ -162,7 +162,7 @@ def train_setup(args: argparse.Namespace) -> tuple[Any, ...]:
     start = time.perf_counter()
     shapes = sorted(plan.local_shapes)
     step = steps.compile_for_shapes(
-        step, state, shapes, layout, lambda _: None, model.context_sentences
+        step, state, shapes, layout, lambda _: None, model.context_sentences, plan.config.streams
     )
     return step, state, plan, layout, time.perf_counter() - start
 

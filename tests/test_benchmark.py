@@ -197,6 +197,23 @@ def test_quick_corpus_trains_and_translates_each_model_on_the_real_plan(syntheti
     assert "| final | greedy | random, EOS never |" in stdout
 
 
+@pytest.mark.slow
+def test_quick_corpus_times_recurrent_final_on_packed_streams(synthetic_dir, tmp_path):
+    """Recurrent FINAL is timed on both its layouts: packed document streams (the carry one
+    row per stream of the plan) and grid streams; packing removes most of the padding."""
+    tsv = _corpus_copy(synthetic_dir, tmp_path)
+    model = "final:recurrent=True"
+    result, _ = _run(
+        tmp_path, "--sections=corpus", f"--tsv={tsv}", f"--models={model}", "--corpus-test-tsv="
+    )
+    runs = {r["layout"]: r for r in result["corpus"]["runs"] if r["model"] == model}
+    assert set(runs) == {"packed", "grid"}
+    for r in runs.values():
+        assert r["steps"] == 2 and _positive(r["tokens_per_s"], r["real_target_tokens"])
+    assert runs["packed"]["plan_shapes"] == runs["packed"]["compilations"] == 1
+    assert runs["packed"]["padding_fraction"] < 0.5 * runs["grid"]["padding_fraction"]
+
+
 def _check_corpus(result, models, test_sentences):
     corpus = result["corpus"]
     runs = {(r["model"], r["layout"]): r for r in corpus["runs"]}

@@ -295,12 +295,20 @@ def recurrent_run(synthetic_dir, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_training_resumes_exactly_with_the_carried_state(recurrent_run, tmp_path):
-    """3 steps, a checkpoint, 3 more from it: the 6 losses of the straight run. Rows of step 4
-    continue their documents, so a resume without the carried state would differ."""
+@pytest.mark.parametrize("layout", ["packed", "grid"])
+def test_training_resumes_exactly_with_the_carried_state(recurrent_run, tmp_path, layout):
+    """3 steps, a checkpoint, 3 more from it: the 6 losses of the straight run, on packed
+    streams (the default; the carry one row per stream) and on the grid (``data.packed``
+    False). Chunks of step 4 continue their documents, so a resume without the carried state
+    would differ."""
     from docnmt_jax.training import trainer
 
     config, _, reference = recurrent_run
+    if layout == "grid":
+        config = _with_steps(config, 6)
+        config.data.packed = False
+        straight = str(tmp_path / "straight")
+        reference = trainer.train_and_evaluate(config, straight, record_losses=True)
     resumed = str(tmp_path / "resumed")
     first = trainer.train_and_evaluate(_with_steps(config, 3), resumed, record_losses=True)
     second = trainer.train_and_evaluate(config, resumed, record_losses=True)

@@ -173,8 +173,8 @@ def test_the_switch_selects_aligned_rows():
         M,
     )
     assert FinalModel(CFG).packing().block_tokens is None  # default: the banded rows
-    recurrent = dataclasses.replace(TWO, recurrent=True)  # streams on the grid: no packing
-    assert FinalModel(recurrent).packing() is None
+    with pytest.raises(ValueError, match="packed_layout='banded'"):  # streams: banded rows
+        dataclasses.replace(TWO, recurrent=True)
     with pytest.raises(ValueError, match="packed_layout"):
         dataclasses.replace(CFG, packed_layout="diagonal")
     with pytest.raises(ValueError, match="block_tokens"):

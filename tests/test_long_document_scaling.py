@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import ROOT
 
@@ -76,8 +77,9 @@ def test_a_bad_option_is_one_line_and_status_2(tmp_path):
 
 
 def test_training_batches_hold_the_document_once():
-    """The train worker's plan (streams of one row / packed chunk rows, shuffle off, last batch
-    padded) holds every sentence of the document once, which ``batch_sentences`` counts."""
+    """The train worker's plan (packed streams of one stream / packed chunk rows, shuffle
+    off, last batch padded) holds every sentence of the document once, which
+    ``batch_sentences`` counts."""
     from docnmt_jax.data import pipeline as pipeline_lib
     from docnmt_jax.data.documents import Document
     from docnmt_jax.models import build_model
@@ -96,7 +98,9 @@ def test_training_batches_hold_the_document_once():
         batches = list(pipeline_lib.numpy_batches(plan))
         assert sum(lds.batch_sentences(b) for b in batches) == 70
         if model_name == "recurrent":  # one chunk of 20 a step, in document order
-            assert [int(b["chunk_index"][0]) for b in batches] == [0, 1, 2, 3]
+            assert [int(b["tgt_stream"].max()) for b in batches] == [1, 1, 1, 1]
+            continues = [bool(np.any(b["tgt_sentence_index"] < 0)) for b in batches]
+            assert continues == [False, True, True, True]  # the carried memory's slots
 
 
 @pytest.mark.slow

@@ -70,6 +70,21 @@ PINS: dict[str, tuple[PipelineConfig, int, str]] = {
     "chunks dev grid": (DEV, 34, "8e0681a6593ddc8b"),
     "chunks translate": (TRANSLATE, 28, "558777b213b2bd47"),
     "drift packed": (dataclasses.replace(TRAIN, packing=DRIFT), 34, "329ad856a41338d5"),
+    "packed streams": (
+        dataclasses.replace(TRAIN, packing=DRIFT, streams=True),
+        18,
+        "7c04cc791b93852b",
+    ),
+    "packed stream windows": (
+        dataclasses.replace(TRAIN, packing=DRIFT, streams=True, stream_window=2),
+        9,
+        "29db5a062b7fa4d9",
+    ),
+    "packed streams dev": (
+        dataclasses.replace(DEV, packing=DRIFT, streams=True),
+        16,
+        "7baad16eb6f23135",
+    ),
     "sequential translate": (
         dataclasses.replace(TRANSLATE, sequential_sentences=True),
         11,

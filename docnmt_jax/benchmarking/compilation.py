@@ -86,8 +86,9 @@ class TrainStep:
         return times
 
 
-def compile_train(task: Any, batch: Results) -> TrainStep:
-    """The trainer's jitted step for ``task``, compiled ahead of time for ``batch``."""
+def compile_train(task: Any, batch: Results, carry_rows: int = 0) -> TrainStep:
+    """The trainer's jitted step for ``task``, compiled ahead of time for ``batch``; a model
+    that carries state across chunks carries ``carry_rows`` streams (0: one a batch row)."""
     import jax.numpy as jnp
 
     from docnmt_jax import flops
@@ -99,7 +100,7 @@ def compile_train(task: Any, batch: Results) -> TrainStep:
     train_step, _ = trainer.make_steps(build_objective(None, task), tx, schedule, seed=0)
     state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
     if contract.carries_state(task):  # document streams: the state rows carry
-        state["carry"] = task.initial_carry(batch["src"].shape[0])
+        state["carry"] = task.initial_carry(carry_rows or batch["src"].shape[0])
     t0 = time.perf_counter()
     traced = train_step.trace(state, batch)
     compiled = traced.lower().compile()

@@ -83,7 +83,8 @@ class CorpusRun:
         shape = batch["src"].shape
         if shape not in self.compiled:
             t0 = time.perf_counter()
-            step = compile_train(self.task, batch)
+            streams = self.plan.stream_rows if self.plan.config.streams else 0
+            step = compile_train(self.task, batch, streams)
             if self.step is not None:
                 step.state = self.step.state  # one training run across shapes
             self.step = step

@@ -5,7 +5,8 @@ sentences per chunk), with the fitted log-log slope (growth exponent) per model 
 ``grid`` times the ``[chunks, S, T]`` batch; ``packed`` the model's packed rows
 (``task.packing()``) laid as the Bible's :class:`PackedPlan` lays equal items: rows of
 ``row_tokens * 2**i`` slots, as many whole items a row as fit, every row full, as many rows as
-the grid's tokens need. Times and slopes are per grid batch of real tokens (``work_seconds``),
+the grid's tokens need (a model carrying state across chunks: the grid only, its packed rows
+are document streams). Times and slopes are per grid batch of real tokens (``work_seconds``),
 so both layouts are compared on the same work; the analytic FLOPs are the grid's."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from docnmt_jax.benchmarking.compilation import compile_train
 from docnmt_jax.benchmarking.timing import median
 from docnmt_jax.benchmarking.workload import UsageError, analytic_train_flops, build, make_batch
+from docnmt_jax.models import contract
 
 Results = dict[str, Any]
 
@@ -157,7 +159,8 @@ def growth_section(args: argparse.Namespace, results: Results) -> Results:
     cache = {("grid", *key): p for key, p in points_from_train(results, args.growth_chunks).items()}
     result: Results = {"chunks": args.growth_chunks, "sweeps": {}, "slopes": {}}
     for name in args.growth_models.split(","):
-        packs = build(name, args, 1).packing() is not None
+        task = build(name, args, 1)  # packed streams (a carried state) are no equal items
+        packs = task.packing() is not None and not contract.carries_state(task)
         for layout in [x for x in layouts if x == "grid" or packs]:
             for axis, shapes in sweeps.items():
                 points = []

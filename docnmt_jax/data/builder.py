@@ -14,7 +14,8 @@ whole documents, packing, sequential search) are replaced by the spec's:
 * ``sequential_sentences``: when ``decoding`` a model that searches a chunk's sentences one
   after another, so its token budget counts one sentence per chunk;
 * ``streams``: the spec's document streams (training and dev loss;
-  :class:`~docnmt_jax.data.stream_plan.StreamPlan`).
+  :class:`~docnmt_jax.data.stream_plan.StreamPlan` on the grid,
+  :class:`~docnmt_jax.data.packed_stream_plan.PackedStreamPlan` in packed rows).
 
 Training data (``decoding`` False) is checked against the spec's limits
 (:meth:`~docnmt_jax.data.spec.DataLimits.violation`, :class:`DataLimitError`).
@@ -29,13 +30,14 @@ from docnmt_jax.data.batch_plan import BatchPlan
 from docnmt_jax.data.documents import Document
 from docnmt_jax.data.grouped_plan import GroupedPackedPlan
 from docnmt_jax.data.packed_plan import PackedPlan
+from docnmt_jax.data.packed_stream_plan import PackedStreamPlan
 from docnmt_jax.data.spec import DataLimitError, DataSpec, PipelineConfig
 from docnmt_jax.data.stream_plan import StreamPlan
 from docnmt_jax.data.tokenized import Encode, TokenizedCorpus, tokenize_corpus
 from docnmt_jax.data.two_layout_plan import TwoLayoutPlan
 from docnmt_jax.data.window_plan import WindowPackedPlan
 
-PipelineInput = Sequence[Document] | TokenizedCorpus | BatchPlan | PackedPlan
+PipelineInput = Sequence[Document] | TokenizedCorpus | BatchPlan | PackedPlan | PackedStreamPlan
 
 
 def pipeline_config(
@@ -77,7 +79,7 @@ def build_plan(
     packed: bool = False,
     row_tokens: int = 0,
     decoding: bool = False,
-) -> BatchPlan | PackedPlan:
+) -> BatchPlan | PackedPlan | PackedStreamPlan:
     """The batch plan of ``data`` (documents tokenised with ``encode``, or a corpus) under
     :func:`pipeline_config` of ``spec`` and ``settings`` (the options as there)."""
     config = pipeline_config(
@@ -90,15 +92,17 @@ def plan_batches(
     data: PipelineInput,
     encode: Encode | None = None,
     config: PipelineConfig | None = None,
-) -> BatchPlan | PackedPlan:
+) -> BatchPlan | PackedPlan | PackedStreamPlan:
     """The deterministic batch plan of documents (tokenised with ``encode``) or a corpus: a
     :class:`~docnmt_jax.data.packed_plan.PackedPlan` when ``config.packing`` is set
     (:class:`~docnmt_jax.data.grouped_plan.GroupedPackedPlan` for ``unit="grouped"``,
     :class:`~docnmt_jax.data.window_plan.WindowPackedPlan` with a context window,
-    :class:`~docnmt_jax.data.two_layout_plan.TwoLayoutPlan` with ``block_tokens``), else a
-    :class:`~docnmt_jax.data.batch_plan.BatchPlan`. A plan is returned as is (its config must
+    :class:`~docnmt_jax.data.two_layout_plan.TwoLayoutPlan` with ``block_tokens``; with
+    ``streams`` a :class:`~docnmt_jax.data.packed_stream_plan.PackedStreamPlan`), else a
+    :class:`~docnmt_jax.data.batch_plan.BatchPlan` (with ``streams`` a
+    :class:`~docnmt_jax.data.stream_plan.StreamPlan`). A plan is returned as is (its config must
     match ``config`` when one is given)."""
-    if isinstance(data, BatchPlan | PackedPlan):
+    if isinstance(data, BatchPlan | PackedPlan | PackedStreamPlan):
         if config is not None and config != data.config:
             raise ValueError(f"a {type(data).__name__} was given with a different config")
         return data
@@ -110,6 +114,8 @@ def plan_batches(
             raise ValueError("encode is required when raw documents are given")
         config = config or PipelineConfig()
         corpus = tokenize_corpus(data, encode, config)
+    if config.streams and config.packing is not None:
+        return PackedStreamPlan(corpus, config)
     if config.streams:
         return StreamPlan(corpus, config)
     if config.packing is None:

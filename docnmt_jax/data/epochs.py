@@ -69,7 +69,8 @@ def check_corpus_config(corpus: TokenizedCorpus, config: PipelineConfig) -> None
 class EpochIteration(abc.ABC):
     """Steps over epochs for a plan that defines ``config`` (a :class:`PipelineConfig`),
     ``batches_per_epoch`` (the same in every epoch) and ``epoch(e) -> EpochPlan``: step ``n``
-    is batch ``n mod batches_per_epoch`` of epoch ``n // batches_per_epoch``."""
+    is batch ``n mod batches_per_epoch`` of epoch ``n // batches_per_epoch`` (:meth:`locate`;
+    a plan whose epochs differ in length overrides it and :attr:`num_batches`)."""
 
     config: PipelineConfig
     batches_per_epoch: int
@@ -84,16 +85,19 @@ class EpochIteration(abc.ABC):
         e = self.config.num_epochs
         return None if e is None else e * self.batches_per_epoch
 
+    def locate(self, step: int) -> tuple[int, int]:
+        """``(epoch, batch)`` of global step ``step`` (0-based)."""
+        return divmod(step, self.batches_per_epoch)
+
     def epochs_from(self, start_step: int = 0) -> Iterator[EpochPlan]:
         """Global epoch plans from step ``start_step`` on (the first one sliced to start there)."""
         if start_step < 0:
             raise ValueError(f"start_step must be >= 0, got {start_step}")
-        nb = self.batches_per_epoch
-        if nb == 0:
+        if self.batches_per_epoch == 0:
             if self.config.num_epochs is None:
                 raise ValueError("the plan has no batch per epoch: the corpus is too small")
             return
-        e, i = divmod(start_step, nb)
+        e, i = self.locate(start_step)
         while self.config.num_epochs is None or e < self.config.num_epochs:
             yield self.epoch(e).slice(i)
             e, i = e + 1, 0

@@ -118,14 +118,19 @@ class ItemLayout:
 
 
 def item_layout(
-    chunk_table: dict[str, np.ndarray], lengths: dict[str, np.ndarray], drift: int | None
+    chunk_table: dict[str, np.ndarray],
+    lengths: dict[str, np.ndarray],
+    drift: int | None,
+    lead: np.ndarray | None = None,
 ) -> ItemLayout:
     """The :class:`ItemLayout` of the items of ``chunk_table`` (sentence ``lengths`` per side):
     with ``drift`` None each side contiguous (footprints: the token sums); with an int each
     sentence starts at ``max(own side's end, other side's end - drift)`` on each side and both
-    sides' footprint is the larger end (module docstring)."""
+    sides' footprint is the larger end (module docstring). ``lead`` [items]: target slots kept
+    free before each item's first sentence (a carried memory's, :mod:`.packed_stream_plan`)."""
     c = chunk_table
     n_items, n_sent = int(c["doc"].size), int(lengths["src"].size)
+    lead = np.zeros(n_items, np.int64) if lead is None else lead.astype(np.int64)
     item_of = np.repeat(np.arange(n_items), c["count"])  # sentences are in chunk order
     slot = np.arange(n_sent) - c["start"][item_of]
     chunk_offset = {}
@@ -137,9 +142,11 @@ def item_layout(
             side: np.bincount(item_of, n, minlength=n_items).astype(np.int64)
             for side, n in lengths.items()
         }
-        return ItemLayout(item_of, slot, chunk_offset, dict(chunk_offset), need)
+        need["tgt"] += lead
+        rel = dict(chunk_offset, tgt=chunk_offset["tgt"] + lead[item_of])
+        return ItemLayout(item_of, slot, chunk_offset, rel, need)
     rel = {side: np.zeros(n_sent, np.int64) for side in lengths}
-    end_s, end_t = np.zeros(n_items, np.int64), np.zeros(n_items, np.int64)
+    end_s, end_t = np.zeros(n_items, np.int64), lead.copy()
     for k in range(int(c["count"].max(initial=0))):
         at = np.flatnonzero(slot == k)
         it = item_of[at]

@@ -79,6 +79,7 @@ from docnmt_jax.data.batch_plan import BatchPlan
 from docnmt_jax.data.builder import PipelineInput, plan_batches
 from docnmt_jax.data.epochs import Batch, EpochPlan
 from docnmt_jax.data.packed_plan import PackedPlan
+from docnmt_jax.data.packed_stream_plan import PackedStreamPlan
 from docnmt_jax.data.spec import PackingConfig, PipelineConfig
 from docnmt_jax.data.tokenized import Encode, PipelineStats, TokenizedCorpus, tokenize_corpus
 from docnmt_jax.errors import ConfigError
@@ -194,7 +195,7 @@ def make_dataset(
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     if plan.batches_per_epoch == 0 and plan.config.num_epochs is None:
         raise ConfigError("the plan has no batch per epoch: the corpus is too small")
-    if isinstance(plan, PackedPlan):
+    if isinstance(plan, PackedPlan | PackedStreamPlan):
         signature = {k: tf.TensorSpec([None, None], tf.int32) for k in plan.features}
         packed = tf.data.Dataset.from_generator(
             lambda: numpy_batches(plan, start_step=start_step), output_signature=signature

@@ -167,6 +167,11 @@ PACKED_FEATURE_AXES: dict[str, str] = {
     )
 }
 PACKED_FEATURES: tuple[str, ...] = tuple(PACKED_FEATURE_AXES)
+#: Packed document streams' rows (:mod:`~docnmt_jax.data.packed_stream_plan`): per token the
+#: 1-based stream of its chunk (0 on padding); the target side also holds each continuing
+#: chunk's carried memory slots (``tgt_sentence_index`` -1, ``tgt_mask`` 0).
+PACKED_STREAM_FEATURE_AXES: dict[str, str] = {"src_stream": "BL", "tgt_stream": "BL"}
+PACKED_STREAM_FEATURES: tuple[str, ...] = tuple(PACKED_STREAM_FEATURE_AXES)
 #: Packed sentence rows' context rows (:mod:`~docnmt_jax.data.window_plan`, a window model
 #: with ``K > 0``): ``[B, C]`` with ``C = K * L``, each packed sentence's window of source
 #: tokens, positions inside the window and the segment id of its sentence (0 on padding).

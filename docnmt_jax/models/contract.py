@@ -292,21 +292,22 @@ class OneCallSearch(SlotSearch, Protocol):
 @runtime_checkable
 class CarriedState(SlotSearch, Protocol):
     """Context across chunks (``carries_state``): trained on document streams
-    (``DataSpec.streams``) with a fixed-size state each row's chunk leaves for the next
-    (``carry`` in the train state), searched chunk after chunk the same way
+    (``DataSpec.streams``; one a grid row, or several a packed row) with a fixed-size state
+    each stream's chunk leaves for the next (``carry`` in the train state, one row per
+    stream), searched chunk after chunk the same way
     (:func:`~docnmt_jax.decoding.search.stream_translate`)."""
 
     carries_state: bool
 
     def initial_carry(self, rows: int) -> PyTree:
-        """The training state before a document's first chunk, ``rows`` rows."""
+        """The training state before a document's first chunk, ``rows`` streams."""
         ...
 
     def loss_with_carry(
         self, params: PyTree, batch: Batch, carry: PyTree, rng: Array | None, train: bool
     ) -> tuple[Array, Metrics, PyTree]:
-        """``loss`` of stream chunks read with ``carry`` where ``chunk_index > 0``, and the
-        state they leave (stop-gradient)."""
+        """``loss`` of stream chunks (grid or packed stream rows) read with ``carry`` where
+        they continue their document, and the state they leave (stop-gradient)."""
         ...
 
     def initial_decode_carry(self, rows: int) -> PyTree:

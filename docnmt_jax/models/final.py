@@ -28,7 +28,7 @@ Switches make the rows of Table 3 configurations of this one module (the switch 
 the config layer, ``configs/final_table3.py``); the decoder layer class is chosen once, in
 :meth:`Final.setup` (:class:`~.xl.XLDecoderLayer` or
 :class:`~.final_layers.SentenceDecoderLayer`); the steps of the search are
-:class:`~.final_layers.FinalSearchSteps`.
+:class:`~.final_decode.FinalSearchSteps`.
 Decisions beyond the paper: per-head scaling ``1/sqrt(d_model/heads)``; without the fusion
 gate ``h = LN(h^L + h^G)``; with ``pre_ln`` the global layer normalises its input and the
 fusion has no output LayerNorm; the memory readings of :mod:`.xl`; three readings of the
@@ -70,7 +70,6 @@ from docnmt_jax.models.base import BaseModel, BatchLayout, ModelError, register,
 from docnmt_jax.models.final_layers import (
     SEGMENT_FEATURES,
     FinalConfig,
-    FinalSearchSteps,
     GlobalContextLayer,
     LocalEncoderLayer,
     Segments,
@@ -83,7 +82,7 @@ from docnmt_jax.models.xl import MemoryKV, XLDecoderLayer, xl_decoder_terms
 Array = jax.Array
 
 
-class Final(FinalSearchSteps):
+class Final(final_decode.FinalSearchSteps):
     """Document model: ``src [B, S, T]`` -> logits ``[B, S, T, V]`` (see the module docstring)."""
 
     config: FinalConfig
@@ -164,12 +163,16 @@ class Final(FinalSearchSteps):
         (:mod:`.final_recurrence`)."""
         return self._encode(src, src_mask, memory)[0]
 
-    def encode_packed(self, src: Array, segments: Segments) -> Array:
+    def encode_packed(
+        self, src: Array, segments: Segments, memory: tuple[Array, Array] | None = None
+    ) -> Array:
         """Packed source rows ``src [B, L]`` (:data:`Segments`) -> ``h [B, L, D]``: what
         :meth:`encode` gives every real token of the grid. Local layers attend within the
         sentence (``doc2sent``: the chunk, dense over the row), banded; the global layer within
         the chunk, dense over the row, at clipped sentence-index distances; tokens of chunks
-        with one sentence keep ``h^L``."""
+        with one sentence (and no ``memory`` to read) keep ``h^L``. ``memory``: the carried
+        summaries each row's tokens may read, ``[B, K, D]`` and mask ``[B, 1, L, K]``
+        (:func:`~.final_recurrence.packed_memory_keys`)."""
         cfg = self.config
         L = src.shape[-1]
         sidx, chunks = segments["src_sentence_index"], segments["src_chunk_ids"]
@@ -190,9 +193,11 @@ class Final(FinalSearchSteps):
         h = band.unblock(x)
         if cfg.segment_relative_attention:
             chunk_mask = layers.segment_mask(chunks, chunks)  # [B, 1, L, L]
-            h_global, _ = self.global_layer(h, chunk_mask, sidx)
+            h_global, _ = self.global_layer(h, chunk_mask, sidx, memory)
             other = sidx[:, None, None, :] != sidx[:, None, :, None]
             several = jnp.any(chunk_mask & other, axis=(1, 3))  # the chunk has > 1 sentence
+            if memory is not None:  # or a memory to read
+                several = several | jnp.any(memory[1], axis=(1, 3))
             h = jnp.where(several[..., None], h_global, h)
         if cfg.pre_ln:
             h = self.encoder_norm(h)
@@ -310,14 +315,34 @@ class Final(FinalSearchSteps):
         the source sentence with the query's segment id, banded, or with
         :attr:`FinalConfig.cross_attends_chunk` every source token of the query's chunk,
         dense over the row (the row's query blocks grouped against it)."""
+        return self.decode_packed_with_states(encoded, tgt_in, segments)[0]
+
+    def decode_packed_with_states(
+        self,
+        encoded: Array,
+        tgt_in: Array,
+        segments: Segments,
+        carried: tuple[list[Array], Array] | None = None,
+    ) -> tuple[Array, list[Array]]:
+        """:meth:`decode_packed`, and every layer's inputs ``[B, L, D]``. ``carried``: states
+        carried from another chunk (per layer ``[B, L, D]``) and the slots that hold them
+        (``[B, L]``): there the memory keys read the carried states (with their gradient),
+        elsewhere ``SG`` of the layer's input (:mod:`.final_recurrence`)."""
         cfg = self.config
         attention = final_two_layout.decoder_attention(cfg, segments)  # bands or two_layout
         band = attention.current  # the self-attention bands have the same blocks
         y = band.blocks(self._embed_target(tgt_in, segments["tgt_positions"]))
         encoded = attention.cross.blocks(encoded)  # own slice: band's blocks; chunk: the rows
-        for layer in self.decoder_layers:
-            y = layer.teacher_forced_packed(y, encoded, attention)
-        return self._output(band.unblock(y))
+        inputs = []
+        for i, layer in enumerate(self.decoder_layers):
+            inputs.append(band.unblock(y))
+            memory = None
+            if carried is not None:
+                slots = band.blocks(carried[1])[..., None]
+                states = band.blocks(carried[0][i]).astype(y.dtype)
+                memory = jnp.where(slots, states, jax.lax.stop_gradient(y))
+            y = layer.teacher_forced_packed(y, encoded, attention, memory)
+        return self._output(band.unblock(y)), inputs
 
     def __call__(
         self,
@@ -397,13 +422,15 @@ class FinalModel(BaseModel):
         ``max_sentence_len`` tokens and chunks of at most ``max_segments`` sentences: longer
         ones would lose keys silently. ``packed_layout="two_layout"``: aligned rows of blocks
         of ``max_sentence_len`` slots (:mod:`docnmt_jax.data.two_layout_plan`). Recurrent:
-        document streams on the grid (``bptt_chunks`` chunks of a stream a batch), sentences of
-        at most ``max_sentence_len`` tokens."""
+        document streams (``bptt_chunks`` steps of a stream a batch), packed as the banded rows
+        (:mod:`docnmt_jax.data.packed_stream_plan`) or on the grid, sentences of at most
+        ``max_sentence_len`` tokens (the carried target memory's length)."""
         cfg = self.config
         if cfg.recurrent:
             return DataSpec(
                 rows=self.layout.value,
                 context="chunk",
+                packing=PackingConfig("chunk", 1024, cfg.packed_drift),
                 streams=True,
                 stream_window=cfg.bptt_chunks,
                 limits=DataLimits(

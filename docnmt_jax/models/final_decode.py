@@ -9,6 +9,7 @@ incremental and the recurrent searches use them too), and the continuous search
 its chunk's next sentence as soon as its sentence is done, in one compiled loop: a chunk
 costs the sum of its sentences' search steps, not ``S`` times the batch's longest sentence.
 Without the XL decoder every sentence of every chunk is searched at once, without memory.
+The module's steps the search calls are :class:`FinalSearchSteps`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.decoding.beam_search import BeamResult
 from docnmt_jax.decoding.continuous import document_search
 from docnmt_jax.decoding.search import (
@@ -29,8 +31,11 @@ from docnmt_jax.decoding.search import (
     sentence_limits,
     sentence_outputs,
 )
+from docnmt_jax.models import final_recurrence as recurrence
+from docnmt_jax.models import layers, transformer
 from docnmt_jax.models.base import BaseModel
-from docnmt_jax.models.xl import MemoryKV
+from docnmt_jax.models.final_layers import FinalConfig
+from docnmt_jax.models.xl import Cache, Memory, MemoryKV, memory_from_states
 
 Array = jax.Array
 Slots = tuple[Array, Array, Array]  # cross-attention inputs, their mask, the source mask
@@ -158,3 +163,91 @@ def _with_memory(rows: dict[str, Any], memory: MemoryKV) -> dict[str, Any]:
         if name != "mask":
             extra[name] = {**rows[name], **kv}
     return extra
+
+
+class FinalSearchSteps(recurrence.RecurrentSteps):
+    """What the search calls on :class:`~.final.Final`, one target sentence slot at a time
+    (the memory of slot ``k`` is the states of the translation chosen for ``k-1``, Sec. 4.2);
+    :class:`~.final.Final` provides ``decoder_layers``, ``uses_memory``, ``_decode_rows``,
+    ``_embed_target`` and ``_output``."""
+
+    config: FinalConfig
+
+    def decode_sentence(
+        self, encoded: Array, src_mask: Array, tgt: Array, tgt_mask: Array, memory: Memory
+    ) -> tuple[Array, Memory]:
+        """One sentence per row, teacher-forced on ``tgt [B, T]`` (not shifted) with the previous
+        sentence's ``memory``: (logits ``[B, T, V]``, this sentence's memory for the next).
+        ``encoded``/``src_mask``: what the sentence cross-attends to, its own ``h_k [B, Ts, D]``
+        or with :attr:`FinalConfig.cross_attends_chunk` its chunk's ``[B, S*Ts, D]``."""
+        y, inputs = self._decode_rows(
+            encoded,
+            src_mask,
+            layers.shift_right(tgt, BOS_ID),
+            tgt_mask,
+            lambda i, _: (memory.get(f"layer_{i}"), memory["mask"]),
+            self.config.num_decoder_layers,
+        )
+        return self._output(y), memory_from_states(inputs if self.uses_memory else [], tgt_mask)
+
+    def sentence_memory(
+        self, encoded: Array, src_mask: Array, tgt: Array, tgt_mask: Array, memory: Memory
+    ) -> Memory:
+        """The memory (decoder layer inputs ``s^0..s^{N-1}``) of target sentence ``tgt [B, T]``
+        (e.g. the chosen hypothesis), computed teacher-forced with its own ``memory``."""
+        if not self.uses_memory:
+            return memory_from_states([], tgt_mask)
+        # The last layer's output is not part of the memory: N-1 layers give s^0..s^{N-1}.
+        last, inputs = self._decode_rows(
+            encoded,
+            src_mask,
+            layers.shift_right(tgt, BOS_ID),
+            tgt_mask,
+            lambda i, _: (memory[f"layer_{i}"], memory["mask"]),
+            self.config.num_decoder_layers - 1,
+        )
+        return memory_from_states(inputs + [last], tgt_mask)
+
+    def init_cache(self, batch: int, max_len: int) -> Cache:
+        """Empty cache for ``max_len`` positions of one sentence (self-attention keys/values)."""
+        return transformer.empty_self_attention_cache(self.config, batch, max_len)
+
+    def memory_kv(self, memory: Memory) -> MemoryKV:
+        """The memory's self-attention keys/values: ``{"mask", "layer_i": {"key", "value"}}``
+        (``[B, H, Tm, d]``, heads-major like the search cache that is the next sentence's
+        memory), what the XL layers attend to when decoding."""
+        memory_kv: MemoryKV = {"mask": memory["mask"]}
+        for i, layer in enumerate(self.decoder_layers):
+            kv = layer.memory_kv(memory.get(f"layer_{i}"))
+            if kv is not None:
+                k, v = (layers.heads_major(x) for x in kv)
+                memory_kv[f"layer_{i}"] = {"key": k, "value": v}
+        return memory_kv
+
+    def decode_inputs(self, encoded: Array, src_mask: Array, memory: MemoryKV) -> dict[str, Any]:
+        """Per-example inputs of :meth:`decode_step` (the ``extra`` of the search, one row per
+        example, shared by its beams): the source mask, every layer's cross-attention
+        keys/values (computed once) and the previous sentence's memory keys/values.
+        ``encoded``/``src_mask``: what the sentence cross-attends to, as in training
+        (:meth:`~.final.Final.cross_memory`: its ``h_k`` or its chunk's encoding)."""
+        extra: dict[str, Any] = {"src_mask": src_mask, "memory_mask": memory["mask"]}
+        for i, layer in enumerate(self.decoder_layers):
+            k, v = layer.cross_kv(encoded)
+            extra[f"layer_{i}"] = {"cross_key": k, "cross_value": v}
+            extra[f"layer_{i}"].update(memory.get(f"layer_{i}", {}))
+        return extra
+
+    def decode_step(self, cache: Cache, token: Array, extra: dict[str, Any]) -> tuple[Array, Cache]:
+        """One step: ``token [N]`` at ``cache['index']`` (shared, or one per row ``[N]``) ->
+        (logits ``[N, V]``, new cache); ``cache`` has ``N`` rows (beams), ``extra``
+        (:meth:`decode_inputs`) one per example."""
+        index = cache["index"]
+        y = self._embed_target(token[:, None], jnp.broadcast_to(index, token.shape)[:, None])
+        cross_mask = (extra["src_mask"] > 0)[:, None, None, :]
+        new_cache: Cache = {"index": index + 1}
+        for i, layer in enumerate(self.decoder_layers):
+            name = f"layer_{i}"
+            y, new_cache[name] = layer.step(
+                y, index, cache[name], extra[name], extra["memory_mask"], cross_mask
+            )
+        return self._output(y)[:, 0], new_cache

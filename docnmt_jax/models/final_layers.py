@@ -1,8 +1,8 @@
 """The layers of FINAL (Zheng et al. 2020, Sec. 4): segment-level relative attention, Eq. (1),
 the global context layer with the gated fusion, the local encoder layer, the decoder layer
-without XL memory, the search's per-slot steps (:class:`FinalSearchSteps`) and the Table 4
-transfer map (:func:`transformer_rules`), and the hyper-parameters they read
-(:class:`FinalConfig`, the switches of Table 3); the model that assembles them is :mod:`.final`.
+without XL memory, the Table 4 transfer map (:func:`transformer_rules`), and the
+hyper-parameters they read (:class:`FinalConfig`, the switches of Table 3); the model that
+assembles them is :mod:`.final`, the search's steps are :class:`.final_decode.FinalSearchSteps`.
 
 Packed rows (training; docs/design/packing_plan.md §1, §2.3-2.5): with
 ``segments`` the inputs are rows ``[B, L]`` that hold whole chunks one after another
@@ -57,7 +57,7 @@ Readings of the layers beyond the paper (the fourth, Doc2Sent, is in :mod:`.fina
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
@@ -65,17 +65,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from docnmt_jax import flops
-from docnmt_jax.data.tokenizer import BOS_ID
 from docnmt_jax.models import final_recurrence as recurrence
 from docnmt_jax.models import layers, transformer
 from docnmt_jax.models.final_two_layout import widened_segment_attention
 from docnmt_jax.models.transformer import TransformerConfig
 from docnmt_jax.models.xl import (
     Cache,
-    Memory,
-    MemoryKV,
     PackedDecoderAttention,
-    memory_from_states,
 )
 
 Array = jax.Array
@@ -101,7 +97,7 @@ class FinalConfig(TransformerConfig):
     (Sec. 4.2).
 
     ``recurrent``: context crosses the chunk boundary (:mod:`.final_recurrence`; trained on
-    document streams, on the grid).
+    document streams, in banded packed rows or on the grid).
 
     Packed rows (training): ``packed_block`` is the block width ``W`` of banded attention,
     ``packed_drift`` the most the source and target offsets of a sentence may differ in a row
@@ -109,7 +105,7 @@ class FinalConfig(TransformerConfig):
     either side; the attention windows are sized from them (module docstring).
     ``packed_layout``: ``"banded"`` (those rows) or ``"two_layout"``, aligned rows read in a
     sentence and a chunk layout (:mod:`.final_two_layout`; ``packed_block``/``drift`` unused;
-    ``recurrent`` trains on the grid, where neither applies).
+    ``recurrent`` trains on banded packed streams: ``"banded"`` only).
     """
 
     reset_word_positions: bool = True
@@ -152,6 +148,10 @@ class FinalConfig(TransformerConfig):
             raise ValueError(f"max_sentence_len must be >= 1: {self.max_sentence_len}")
         if self.bptt_chunks < 1 or (self.bptt_chunks > 1 and not self.recurrent):
             raise ValueError(f"bptt_chunks must be 1, or >= 1 with recurrent: {self.bptt_chunks}")
+        if self.recurrent and self.packed_layout != "banded":
+            raise ValueError(
+                "recurrent trains on banded packed streams (or the grid): packed_layout='banded'"
+            )
         if self.recurrent and not (
             self.xl_decoder and self.segment_relative_attention and not self.cross_attends_chunk
         ):
@@ -203,9 +203,10 @@ class SegmentRelativeAttention(nn.Module):
         ``[B, H, S*T, S*T]`` before dropout). Packed rows (``sentence_index [B, L]``, the slot
         of each token's sentence in its chunk): ``x [B, L, D]``, ``mask`` the boolean
         attention mask ``[B, 1, L, L]`` (same chunk) and ``num_sentences`` the most sentences
-        a chunk may have; output ``[B, L, D]``, weights ``[B, H, L, L]``. ``memory`` (grid
-        only): the previous chunk's sentence summaries ``[B, M, D]`` and mask ``[B, M]``, extra
-        keys at the distances of :mod:`.final_recurrence`."""
+        a chunk may have; output ``[B, L, D]``, weights ``[B, H, L, L]``. ``memory``: the
+        previous chunk's sentence summaries ``[B, M, D]`` and mask ``[B, M]``, extra keys at
+        the distances of :mod:`.final_recurrence` (packed: :func:`~.final_recurrence.
+        packed_memory_keys`)."""
         cfg = self.config
         batch, length, _ = x.shape
         S = num_sentences
@@ -224,15 +225,23 @@ class SegmentRelativeAttention(nn.Module):
         q_gamma = jnp.einsum("bqhd,rhd->bhqr", q, gamma_k.astype(q.dtype)).astype(jnp.float32)
         drop = nn.Dropout(cfg.attention_dropout_rate)
         if sentence_index is not None:
+            qkv, key_index, first = (q, k, v), None, 0
+            if memory is not None:  # packed streams: the carried summaries at slots -M .. -1
+                qkv, key_index, mask = recurrence.packed_memory_keys(
+                    qkv, projections[1:], memory, sentence_index, mask, S
+                )
+                first = -S
             out, weights = widened_segment_attention(
-                (q, k, v),
+                qkv,
                 q_gamma,
                 gamma_v,
                 mask,
                 sentence_index,
                 used,
-                S,
+                S - first,
                 lambda w: drop(w, deterministic=cfg.deterministic),
+                key_index,
+                first,
             )
             return layers.output_projection(cfg.d_model, cfg.dtype, name="out")(out), weights
         content = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
@@ -357,11 +366,16 @@ class SentenceDecoderLayer(transformer.DecoderLayer):
         return self(y, self_mask, encoded, cross_mask)[0]
 
     def teacher_forced_packed(
-        self, y: Array, encoded: Array, attention: PackedDecoderAttention
+        self,
+        y: Array,
+        encoded: Array,
+        attention: PackedDecoderAttention,
+        memory: Array | None = None,
     ) -> Array:
         """Packed rows: block rows ``y``, ``encoded`` ``[N, W, D]``; causal self-attention
         within the sentence and cross-attention to its source, each over its band's windows
-        (the memory part of ``attention`` is not used)."""
+        (the memory part of ``attention`` and ``memory`` are not used)."""
+        del memory
         a = attention
 
         def self_block(h: Array) -> Array:
@@ -458,91 +472,3 @@ def transformer_rules(cfg: FinalConfig) -> list[tuple[str, str]]:
         ]
     rules.append((r"(decoder_layers_\d+/.*)", r"\1"))
     return rules
-
-
-class FinalSearchSteps(recurrence.RecurrentSteps):
-    """What the search calls on :class:`~.final.Final`, one target sentence slot at a time
-    (the memory of slot ``k`` is the states of the translation chosen for ``k-1``, Sec. 4.2);
-    :class:`~.final.Final` provides ``decoder_layers``, ``uses_memory``, ``_decode_rows``,
-    ``_embed_target`` and ``_output``."""
-
-    config: FinalConfig
-
-    def decode_sentence(
-        self, encoded: Array, src_mask: Array, tgt: Array, tgt_mask: Array, memory: Memory
-    ) -> tuple[Array, Memory]:
-        """One sentence per row, teacher-forced on ``tgt [B, T]`` (not shifted) with the previous
-        sentence's ``memory``: (logits ``[B, T, V]``, this sentence's memory for the next).
-        ``encoded``/``src_mask``: what the sentence cross-attends to, its own ``h_k [B, Ts, D]``
-        or with :attr:`FinalConfig.cross_attends_chunk` its chunk's ``[B, S*Ts, D]``."""
-        y, inputs = self._decode_rows(
-            encoded,
-            src_mask,
-            layers.shift_right(tgt, BOS_ID),
-            tgt_mask,
-            lambda i, _: (memory.get(f"layer_{i}"), memory["mask"]),
-            self.config.num_decoder_layers,
-        )
-        return self._output(y), memory_from_states(inputs if self.uses_memory else [], tgt_mask)
-
-    def sentence_memory(
-        self, encoded: Array, src_mask: Array, tgt: Array, tgt_mask: Array, memory: Memory
-    ) -> Memory:
-        """The memory (decoder layer inputs ``s^0..s^{N-1}``) of target sentence ``tgt [B, T]``
-        (e.g. the chosen hypothesis), computed teacher-forced with its own ``memory``."""
-        if not self.uses_memory:
-            return memory_from_states([], tgt_mask)
-        # The last layer's output is not part of the memory: N-1 layers give s^0..s^{N-1}.
-        last, inputs = self._decode_rows(
-            encoded,
-            src_mask,
-            layers.shift_right(tgt, BOS_ID),
-            tgt_mask,
-            lambda i, _: (memory[f"layer_{i}"], memory["mask"]),
-            self.config.num_decoder_layers - 1,
-        )
-        return memory_from_states(inputs + [last], tgt_mask)
-
-    def init_cache(self, batch: int, max_len: int) -> Cache:
-        """Empty cache for ``max_len`` positions of one sentence (self-attention keys/values)."""
-        return transformer.empty_self_attention_cache(self.config, batch, max_len)
-
-    def memory_kv(self, memory: Memory) -> MemoryKV:
-        """The memory's self-attention keys/values: ``{"mask", "layer_i": {"key", "value"}}``
-        (``[B, H, Tm, d]``, heads-major like the search cache that is the next sentence's
-        memory), what the XL layers attend to when decoding."""
-        memory_kv: MemoryKV = {"mask": memory["mask"]}
-        for i, layer in enumerate(self.decoder_layers):
-            kv = layer.memory_kv(memory.get(f"layer_{i}"))
-            if kv is not None:
-                k, v = (layers.heads_major(x) for x in kv)
-                memory_kv[f"layer_{i}"] = {"key": k, "value": v}
-        return memory_kv
-
-    def decode_inputs(self, encoded: Array, src_mask: Array, memory: MemoryKV) -> dict[str, Any]:
-        """Per-example inputs of :meth:`decode_step` (the ``extra`` of the search, one row per
-        example, shared by its beams): the source mask, every layer's cross-attention
-        keys/values (computed once) and the previous sentence's memory keys/values.
-        ``encoded``/``src_mask``: what the sentence cross-attends to, as in training
-        (:meth:`~.final.Final.cross_memory`: its ``h_k`` or its chunk's encoding)."""
-        extra: dict[str, Any] = {"src_mask": src_mask, "memory_mask": memory["mask"]}
-        for i, layer in enumerate(self.decoder_layers):
-            k, v = layer.cross_kv(encoded)
-            extra[f"layer_{i}"] = {"cross_key": k, "cross_value": v}
-            extra[f"layer_{i}"].update(memory.get(f"layer_{i}", {}))
-        return extra
-
-    def decode_step(self, cache: Cache, token: Array, extra: dict[str, Any]) -> tuple[Array, Cache]:
-        """One step: ``token [N]`` at ``cache['index']`` (shared, or one per row ``[N]``) ->
-        (logits ``[N, V]``, new cache); ``cache`` has ``N`` rows (beams), ``extra``
-        (:meth:`decode_inputs`) one per example."""
-        index = cache["index"]
-        y = self._embed_target(token[:, None], jnp.broadcast_to(index, token.shape)[:, None])
-        cross_mask = (extra["src_mask"] > 0)[:, None, None, :]
-        new_cache: Cache = {"index": index + 1}
-        for i, layer in enumerate(self.decoder_layers):
-            name = f"layer_{i}"
-            y, new_cache[name] = layer.step(
-                y, index, cache[name], extra[name], extra["memory_mask"], cross_mask
-            )
-        return self._output(y)[:, 0], new_cache

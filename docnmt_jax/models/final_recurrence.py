@@ -25,10 +25,13 @@ reads chunk ``c``, which read chunk ``c - 1``, and so on: a decision made by the
 first sentence can reach any later chunk, through a state of ``M`` vectors. Mean pooling per
 sentence keeps that state at ``M x D`` whatever the sentence lengths.
 
-Training (truncated back-propagation through one chunk): batch rows are document streams
-(:class:`~docnmt_jax.data.stream_plan.StreamPlan`), the state left by a row's chunk is the
-next step's memory of that row when its chunk continues the document (``chunk_index > 0``),
-and the trainer keeps it in the train state (``carry``), so a checkpoint resumes exactly. The
+Training (truncated back-propagation through one chunk): document streams, each chunk the
+next one of its stream's document, on the grid (one stream a row,
+:class:`~docnmt_jax.data.stream_plan.StreamPlan`; a chunk continues when ``chunk_index > 0``)
+or in packed rows (several streams' chunks a row,
+:class:`~docnmt_jax.data.packed_stream_plan.PackedStreamPlan`, :mod:`.final_packed_streams`).
+The state a stream's chunk leaves is the memory of its next one; the trainer keeps it in the
+train state (``carry``, one row per stream), so a checkpoint resumes exactly. The
 state is stop-gradient: the loss of chunk ``c + 1`` trains how it is read, not how it was
 written. Decoding carries the chosen translation's decoder states, as between the sentences
 of a chunk, and the source summaries (:func:`docnmt_jax.decoding.search.stream_translate`).
@@ -45,7 +48,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from docnmt_jax.data import schema
 from docnmt_jax.data.tokenizer import BOS_ID
+from docnmt_jax.models import final_packed_streams as packed_streams
 from docnmt_jax.models import layers
 
 Array = jax.Array
@@ -120,6 +125,31 @@ class MemoryKeys(NamedTuple):
         L = weights.shape[-1] - self.mask.shape[-1]
         out = memory_output(dropped[..., L:], self.values, gamma_v, self.onehot)
         return weights[..., :L], dropped[..., :L], out
+
+
+def packed_memory_keys(
+    qkv: tuple[Array, Array, Array],
+    key_value: Any,
+    memory: tuple[Array, Array],
+    sentence_index: Array,
+    mask: Array,
+    slots: int,
+) -> tuple[tuple[Array, Array, Array], Array, Array]:
+    """Packed rows' keys with the carried summaries appended (:mod:`.final_packed_streams`):
+    ``memory`` = (summaries ``[B, K, D]``, ``K = G * slots``, through the layer's key and
+    value projections; mask ``[B, 1, L, K]``). Returns the queries, keys and values, the keys'
+    sentence slots (the row's ``sentence_index``, then ``j - slots`` for summary ``j`` of a
+    lane) and the mask ``[B, 1, L, L + K]``."""
+    q, k, v = qkv
+    summaries, memory_mask = memory
+    memory_k, memory_v = (project(summaries) for project in key_value)
+    B, K = summaries.shape[:2]
+    index = jnp.broadcast_to(jnp.arange(K) % slots - slots, (B, K))
+    return (
+        (q, jnp.concatenate([k, memory_k], axis=1), jnp.concatenate([v, memory_v], axis=1)),
+        jnp.concatenate([sentence_index, index], axis=1),
+        jnp.concatenate([mask, memory_mask], axis=-1),
+    )
 
 
 def sentence_summaries(h: Array, src_mask: Array, slots: int) -> tuple[Array, Array]:
@@ -219,6 +249,31 @@ class RecurrentSteps(nn.Module):
             new[name] = pad_length(last_sentence(states, sentences), length)
         return logits, jax.lax.stop_gradient(new) if detach else new
 
+    def forward_packed_carried(
+        self,
+        src: Array,
+        src_mask: Array,
+        tgt: Array,
+        tgt_mask: Array,
+        segments: dict[str, Array],
+        streams: dict[str, Array],
+        carry: Carry,
+        detach: bool = True,
+    ) -> tuple[Array, Carry]:
+        """:meth:`forward_carried` on packed stream rows ``[B, L]`` (``streams``: the
+        ``{side}_stream`` features): logits ``[B, L, V]`` with every stream's ``carry``
+        (``[N, ...]``) read where its chunk continues, and the state the chunks leave
+        (:mod:`.final_packed_streams`; stop-gradient with ``detach``)."""
+        memory, carried, read = packed_streams.read_carry(
+            carry, segments, streams, self.config.max_segments
+        )
+        encoded = self.encode_packed(src, read, memory)
+        tgt_in = layers.shift_right_segments(tgt, read["tgt_positions"], BOS_ID)
+        logits, inputs = self.decode_packed_with_states(encoded, tgt_in, read, carried)
+        masks = (src_mask, tgt_mask)
+        new = packed_streams.write_carry(encoded, inputs, masks, read, streams, carry)
+        return logits, jax.lax.stop_gradient(new) if detach else new
+
 
 def initial_carry(config: Any, rows: int) -> Carry:
     """:func:`empty_carry` of a FINAL config: ``max_segments`` summaries, ``max_sentence_len``
@@ -236,18 +291,30 @@ def initial_carry(config: Any, rows: int) -> Carry:
 def carried_loss(
     model: Any, params: Any, batch: dict[str, Array], carry: Carry, rng: Array | None, train: bool
 ) -> tuple[Array, Any, Carry]:
-    """The label-smoothed loss and metrics of a stream batch's chunks read with ``carry`` (rows
-    whose ``chunk_index > 0`` continue their document), and the state they leave. With
-    ``bptt_chunks = k > 1`` the batch holds ``k`` consecutive chunks of every stream
-    (:class:`~docnmt_jax.data.stream_plan.StreamPlan`'s windows): :func:`window_loss`."""
-    from docnmt_jax.models.base import require_grid
-
-    require_grid(batch, "loss_with_carry")
-    if model.config.bptt_chunks > 1:
-        return window_loss(model, params, batch, carry, rng, train)
-    metrics, new_carry = chunk_metrics(model, params, batch, carry, rng, train, detach=True)
+    """The label-smoothed loss and metrics of a stream batch's chunks read with ``carry``, and
+    the state they leave: grid rows (rows whose ``chunk_index > 0`` continue their document) or
+    packed stream rows (:mod:`.final_packed_streams`). With ``bptt_chunks = k > 1`` the batch
+    holds ``k`` consecutive steps of every stream (the grid's rows ``b*k + i``,
+    :class:`~docnmt_jax.data.stream_plan.StreamPlan`; packed: columns ``i*C ..``,
+    :class:`~docnmt_jax.data.packed_stream_plan.PackedStreamPlan`): :func:`window_loss`."""
+    packed = schema.is_packed(batch)
+    metrics_of = packed_streams.chunk_metrics if packed else chunk_metrics
+    k = model.config.bptt_chunks
+    if k > 1:
+        steps = packed_streams.window_steps(batch, k) if packed else grid_steps(batch, k)
+        return window_loss(model, params, steps, carry, rng, train, metrics_of)
+    metrics, new_carry = metrics_of(model, params, batch, carry, rng, train, detach=True)
     loss = metrics["loss"].total / jnp.maximum(metrics["loss"].weight, 1.0)
     return loss, metrics, new_carry
+
+
+def grid_steps(batch: dict[str, Array], k: int) -> list[dict[str, Array]]:
+    """The ``k`` steps of a grid window batch: stream ``b``'s chunk ``i`` at row ``b*k + i``."""
+    rows = batch["src"].shape[0] // k
+    return [
+        {key: value.reshape(rows, k, *value.shape[1:])[:, i] for key, value in batch.items()}
+        for i in range(k)
+    ]
 
 
 def chunk_metrics(
@@ -287,31 +354,30 @@ def chunk_metrics(
 
 
 def window_loss(
-    model: Any, params: Any, batch: dict[str, Array], carry: Carry, rng: Array | None, train: bool
+    model: Any,
+    params: Any,
+    steps: list[dict[str, Array]],
+    carry: Carry,
+    rng: Array | None,
+    train: bool,
+    metrics_of: Any = chunk_metrics,
 ) -> tuple[Array, Any, Carry]:
-    """Truncated back-propagation through ``k = bptt_chunks`` chunks: the batch's ``k * B``
-    rows hold ``k`` consecutive chunks of each of ``B`` streams (stream ``b``'s chunk ``i`` at
-    row ``b * k + i``). Chunk ``i + 1`` reads the state chunk ``i`` left *with* its gradient,
+    """Truncated back-propagation through ``k = len(steps)`` chunks of every stream (the
+    window's steps, :func:`grid_steps` or :func:`.final_packed_streams.window_steps`, each read
+    by ``metrics_of``). Chunk ``i + 1`` reads the state chunk ``i`` left *with* its gradient,
     so its loss trains how the state is written as well as read; ``carry`` (the state before
-    the window) is a constant, and the state the window leaves is stop-gradient. Each chunk
-    is rematerialised in the backward pass (``jax.checkpoint``): memory grows with ``k``, not
+    the window) is a constant, and the state the window leaves is stop-gradient. Each step is
+    rematerialised in the backward pass (``jax.checkpoint``): memory grows with ``k``, not
     with the document. The loss is the token-weighted mean over the window's chunks."""
-    k = model.config.bptt_chunks
-    rows = batch["src"].shape[0] // k
-    chunks = [
-        {key: value.reshape(rows, k, *value.shape[1:])[:, i] for key, value in batch.items()}
-        for i in range(k)
-    ]
 
-    def one(params: Any, chunk: dict[str, Array], carry: Carry, rng: Array | None) -> tuple:
-        return chunk_metrics(model, params, chunk, carry, rng, train, detach=False)
+    def one(params: Any, step: dict[str, Array], carry: Carry, rng: Array | None) -> tuple:
+        return metrics_of(model, params, step, carry, rng, train, detach=False)
 
-    step = jax.checkpoint(one)
+    run = jax.checkpoint(one)
     total = None
-    for i, chunk in enumerate(chunks):
-        metrics, carry = step(
-            params, chunk, carry, None if rng is None else jax.random.fold_in(rng, i)
-        )
+    for i, step in enumerate(steps):
+        step_rng = None if rng is None else jax.random.fold_in(rng, i)
+        metrics, carry = run(params, step, carry, step_rng)
         total = metrics if total is None else {n: total[n] + metrics[n] for n in total}
     loss = total["loss"].total / jnp.maximum(total["loss"].weight, 1.0)
     return loss, total, jax.lax.stop_gradient(carry)

@@ -209,18 +209,24 @@ def widened_segment_attention(
     used: int,
     S: int,
     drop: Callable[[Array], Array],
+    key_index: Array | None = None,
+    first: int = 0,
 ) -> tuple[Array, Array]:
     """Eq. (1) over packed rows as one widened product each way: queries ``[q; sum_r (q
     gamma^K_r) [r = k_q - c]]`` (their gamma score per key sentence ``c``) against keys ``[k;
     onehot(c_k)]``; weights against values ``[v; onehot(c_k)]``, whose last ``S`` columns are
     the attention mass per key sentence, spread to distances for ``gamma^V``. Returns the
-    heads ``[B, L, H, d]`` and the weights ``[B, H, L, L]``."""
+    heads ``[B, L, H, d]`` and the weights ``[B, H, L, K]``. The keys' sentence slots are
+    ``key_index [B, K]`` (default: ``sentence_index``, the keys are the queries' tokens), in
+    ``first .. first + S - 1`` (recurrent FINAL's carried summaries sit at ``-M .. -1``)."""
     q, k, v = qkv
     dh = q.shape[-1]
-    distance = jnp.clip(sentence_index[..., None] - jnp.arange(S), -used, used) + used
+    key_index = sentence_index if key_index is None else key_index
+    slots = first + jnp.arange(S)
+    distance = jnp.clip(sentence_index[..., None] - slots, -used, used) + used
     to_distance = jax.nn.one_hot(distance, 2 * used + 1, dtype=jnp.float32)  # [B, L, S, R]
     per_sentence = jnp.einsum("bhqr,bqcr->bqhc", q_gamma, to_distance).astype(q.dtype)
-    key_sentence = jax.nn.one_hot(sentence_index, S, dtype=q.dtype)[:, :, None]
+    key_sentence = jax.nn.one_hot(key_index - first, S, dtype=q.dtype)[:, :, None]
     key_sentence = jnp.broadcast_to(key_sentence, k.shape[:3] + (S,))
     logits = jnp.einsum(
         "bqhd,bkhd->bhqk",

@@ -137,7 +137,11 @@ class DecoderLayerInterface(Protocol):
     ) -> Array: ...
 
     def teacher_forced_packed(
-        self, y: Array, encoded: Array, attention: PackedDecoderAttention
+        self,
+        y: Array,
+        encoded: Array,
+        attention: PackedDecoderAttention,
+        memory: Array | None = None,
     ) -> Array: ...
 
     def memory_kv(self, memory: Array) -> tuple[Array, Array] | None: ...
@@ -336,14 +340,21 @@ class XLDecoderLayer(nn.Module):
         return self._rest(y, cross_kv, cross_mask, heads_major=False)
 
     def teacher_forced_packed(
-        self, y: Array, encoded: Array, attention: PackedDecoderAttention
+        self,
+        y: Array,
+        encoded: Array,
+        attention: PackedDecoderAttention,
+        memory: Array | None = None,
     ) -> Array:
         """Teacher-forced over packed rows: ``y`` and ``encoded`` are block rows ``[N, W, D]``
         of the target and source rows. The memory keys and values are
-        ``memory_kv(SG(y))``, the current ones ``project_kv(y)`` (as :meth:`teacher_forced`),
-        each windowed by its band; ``attention`` selects which of them a query sees."""
+        ``memory_kv(SG(y))``, or ``memory_kv(memory)`` when given (block rows: states carried
+        from another chunk in some slots, recurrent FINAL's), the current ones
+        ``project_kv(y)`` (as :meth:`teacher_forced`), each windowed by its band;
+        ``attention`` selects which of them a query sees."""
         a = attention
-        mem_k, mem_v = (a.memory.windows(x) for x in self.memory_kv(jax.lax.stop_gradient(y)))
+        states = jax.lax.stop_gradient(y) if memory is None else memory
+        mem_k, mem_v = (a.memory.windows(x) for x in self.memory_kv(states))
 
         def attend(h: Array) -> Array:
             k, v = (a.current.windows(x) for x in self.self_attention.project_kv(h))

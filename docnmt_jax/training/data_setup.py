@@ -222,6 +222,7 @@ def data_notes(
         f"{train_plan.batches_per_epoch} train batches per epoch, {len(shapes)} train batch "
         f"shapes {shapes} ({model.layout.value}, "
         + (PACKING_WORDS[packing.unit] if packing else "[B, S, T] grid")
+        + (f", {train_plan.stream_rows} document streams" if train_plan.config.streams else "")
         + f"), {100 * train_plan.stats.padding_fraction:.1f}% padding; loader {loader}",
         f"data: sentences over data.max_src_len={data_cfg.max_src_len} / "
         f"max_tgt_len={data_cfg.max_tgt_len} (data.on_long={on_long}): "

@@ -235,16 +235,19 @@ def _jit_eval(eval_step: Any, shardings: PyTree, layout: parallel.Layout) -> Any
 
 
 def abstract_batch(
-    shape: tuple[int, ...], sharding: Any, context_sentences: int = 0
+    shape: tuple[int, ...], sharding: Any, context_sentences: int = 0, streams: bool = False
 ) -> dict[str, jax.ShapeDtypeStruct]:
     """Every feature of a global batch of plan shape ``shape`` (``(B, L)`` packed rows or
     ``(B, S, T)`` grid, with ``context_sentences`` ``K > 0`` its context window, packed: the
-    context rows ``[B, K*L]`` of :mod:`~docnmt_jax.data.window_plan`) as a
+    context rows ``[B, K*L]`` of :mod:`~docnmt_jax.data.window_plan`; packed document
+    ``streams``: the stream of every token, :mod:`~docnmt_jax.data.packed_stream_plan`) as a
     ``ShapeDtypeStruct`` with the batch ``sharding``."""
     packed = len(shape) == 2
     axes = dict(schema.PACKED_FEATURE_AXES if packed else schema.FEATURE_AXES)
     if context_sentences:
         axes.update(schema.PACKED_CONTEXT_FEATURE_AXES if packed else schema.CONTEXT_FEATURE_AXES)
+    if streams and packed:
+        axes.update(schema.PACKED_STREAM_FEATURE_AXES)
     sizes = dict(zip("BL" if packed else "BST", shape, strict=True))
     sizes["K"] = context_sentences
     sizes["C"] = context_sentences * shape[-1]  # packed context rows: K * L slots
@@ -261,10 +264,12 @@ def compile_for_shapes(
     layout: parallel.Layout,
     note: Callable[[str], None],
     context_sentences: int = 0,
+    streams: bool = False,
 ) -> Callable[[PyTree, PyTree], tuple[PyTree, dict[str, Metric]]]:
     """``train_step`` compiled ahead of time for every batch shape of the plan (this process's
-    ``local_shapes``; rows times ``process_count`` globally), the compile time of each logged,
-    so that no compilation interrupts training; a batch of another shape is compiled then."""
+    ``local_shapes``; rows times ``process_count`` globally; its features
+    :func:`abstract_batch`'s), the compile time of each logged, so that no compilation
+    interrupts training; a batch of another shape is compiled then."""
     abstract_state = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
     )
@@ -273,7 +278,7 @@ def compile_for_shapes(
     for shape in local_shapes:
         start = time.perf_counter()
         global_shape = (shape[0] * jax.process_count(), *shape[1:])
-        batch = abstract_batch(global_shape, layout.batch, context_sentences)
+        batch = abstract_batch(global_shape, layout.batch, context_sentences, streams)
         compiled[global_shape] = train_step.lower(abstract_state, batch).compile()
         times.append(f"{'x'.join(map(str, global_shape))} {time.perf_counter() - start:.1f} s")
     note(f"compiled the train step for {len(compiled)} batch shapes: {', '.join(times)}")

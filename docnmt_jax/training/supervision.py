@@ -93,7 +93,7 @@ def batch_documents(plan: pipeline_lib.BatchPlan, index: int) -> list[str]:
     ``index + 1``) of a training ``plan``, in order of first appearance. Computed from the plan
     (a pure function of the step), since packed batches carry no document indices."""
     plan = copy.copy(plan)  # its own epoch cache: the input pipeline's thread uses the plan's
-    e, b = divmod(index, plan.batches_per_epoch)
+    e, b = plan.locate(index)
     ids = plan.epoch(e).batch(b)
     ids = ids[ids >= 0]
     if hasattr(plan, "item_rows"):  # packed plans: batches are rows of items (chunks)

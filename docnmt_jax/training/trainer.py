@@ -253,7 +253,13 @@ def _compiled_steps(
     if tcfg.get("aot_compile", True):
         shapes = sorted(train_plan.local_shapes)
         train_step = compile_for_shapes(
-            train_step, state, shapes, layout, runlog.note, objective.model.context_sentences
+            train_step,
+            state,
+            shapes,
+            layout,
+            runlog.note,
+            objective.model.context_sentences,
+            train_plan.config.streams,
         )
     return train_step, eval_step
 
