@@ -34,10 +34,11 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config.model.packed_block = 64  # packed training: block width of the banded attention
     config.model.packed_drift = 16  # packed training: most a sentence's src/tgt offsets differ
     config.model.max_sentence_len = 128  # packed training: >= data.max_src_len, max_tgt_len
-    # Packed training's rows: "banded" (chunks in rows of 1024, banded attention) or
-    # "two_layout" (aligned rows read per sentence and per chunk: models/final_two_layout.py;
-    # equal loss and gradients, tests/test_final_two_layout.py).
-    config.model.packed_layout = "banded"
+    # Packed training's rows: "two_layout" (aligned rows read per sentence and per chunk:
+    # models/final_two_layout.py; equal loss and gradients, tests/test_final_two_layout.py;
+    # 1.56x the banded rows' real tokens/s on the Bible, docs/performance.md) or "banded"
+    # (chunks in rows of 1024, banded attention; what recurrent streams train on).
+    config.model.packed_layout = "banded" if variant == "recurrent" else "two_layout"
     # Context across the chunk boundary (docnmt_jax/models/final_recurrence.py): the target
     # memory and a summary of the previous chunk carried from chunk to chunk, trained on
     # document streams, packed several a row while data.packed is on (data/packed_stream_plan.py;

@@ -225,7 +225,9 @@ def decode_model(args: argparse.Namespace) -> tuple[Any, Any, Any, int]:
         if model.name != "final":
             raise UserError(f"{args.run}: model {model.name!r}, not final")
         params, _ = restore.load_params(model, args.run, args.checkpoint, tokenizer.model_path)
-        model = type(model)(dataclasses.replace(model.config, recurrent=recurrent))
+        layout = "banded" if recurrent else model.config.packed_layout  # decoding reads neither
+        cfg = dataclasses.replace(model.config, recurrent=recurrent, packed_layout=layout)
+        model = type(model)(cfg)
         return model, params, tokenizer, int(config.data.max_sentences)
     config = final_config(args)
     tokenizer = load_tokenizer(args.tokenizer)

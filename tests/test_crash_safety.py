@@ -410,6 +410,7 @@ def _config(synthetic_dir, tokenizer, final=False, **train):
     if final:  # recurrent FINAL on document streams of 4 rows
         config = tiny_final_config(synthetic_dir, log_every=1, **train)
         config.model.recurrent = True
+        config.model.packed_layout = "banded"  # streams are banded rows
         config.data.train_as = "documents"
         config.data.stream_rows = 4
     else:

@@ -287,6 +287,7 @@ def recurrent_run(synthetic_dir, tmp_path_factory):
 
     config = tiny_final_config(synthetic_dir, num_steps=6, checkpoint_every=3, log_every=1)
     config.model.recurrent = True
+    config.model.packed_layout = "banded"  # streams are banded rows
     config.data.train_as = "documents"
     config.data.stream_rows = 4
     workdir = str(tmp_path_factory.mktemp("recurrent"))

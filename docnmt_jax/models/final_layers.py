@@ -150,7 +150,8 @@ class FinalConfig(TransformerConfig):
             raise ValueError(f"bptt_chunks must be 1, or >= 1 with recurrent: {self.bptt_chunks}")
         if self.recurrent and self.packed_layout != "banded":
             raise ValueError(
-                "recurrent trains on banded packed streams (or the grid): packed_layout='banded'"
+                "recurrent trains on banded packed streams (or the grid): set "
+                "packed_layout='banded' (configs/final.py:recurrent does)"
             )
         if self.recurrent and not (
             self.xl_decoder and self.segment_relative_attention and not self.cross_attends_chunk
