@@ -163,3 +163,30 @@ def test_the_runner_continues_a_row_and_refuses_an_interim_base(interim):
         True,
         "auto",
     )
+
+
+@pytest.mark.parametrize(
+    "script", ["converged_campaign.sh", "campaign_interim.sh"], ids=["campaign", "interim"]
+)
+def test_the_campaign_reads_the_releases_own_stop_not_its_chains(script, tmp_path):
+    """A final release continued from interim ones (``training.continued_from``) is final: the
+    campaign scripts' interim test reads the top-level record only (a text search for
+    ``"stopped_by": "interim"`` matched the chain and re-exported the final release)."""
+    import json
+    import re
+    import subprocess
+
+    text = open(os.path.join(ROOT, "experiments", "recipes", script), encoding="utf-8").read()
+    check = re.search(r"python3 -c '(.+?)' \\\s*\n\s*\"\$RELEASE/release.json\"", text)
+    assert check, f"{script}: no interim check on the release's own record"
+
+    def interim(record):
+        (tmp_path / "release.json").write_text(json.dumps({"training": record}))
+        done = subprocess.run(["python3", "-c", check.group(1), str(tmp_path / "release.json")])
+        return done.returncode == 0
+
+    chain = {"stopped_by": "interim", "steps_trained": 10}
+    assert not interim({"stopped_by": "patience", "continued_from": chain})
+    assert interim({"stopped_by": "interim", "continued_from": chain})
+    assert interim({"stopped_by": "interim"})
+    assert not interim({"stopped_by": "max_epochs"})

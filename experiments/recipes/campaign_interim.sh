@@ -35,7 +35,8 @@ if [ -f "$ROW/train.json" ] || [ ! -d "$ROW/best" ]; then
   exit 0
 fi
 commit=$BASE_COMMIT  # the commit this stretch of training ran at (see converged_campaign.sh)
-grep -q '"stopped_by": "interim"' "$RELEASE/release.json" 2>/dev/null && commit=$FINETUNE_COMMIT
+python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["training"].get("stopped_by") != "interim")' \
+  "$RELEASE/release.json" 2>/dev/null && commit=$FINETUNE_COMMIT  # its own record, not the chain's
 (cd "$REPO" && .venv/bin/python experiments/release_row.py --run_dir "$WORK/out" --row transformer \
   --out "$RELEASE" --interim --overwrite --commit "$commit" \
   --command "python experiments/results.py --converged --rows transformer --seeds 0")

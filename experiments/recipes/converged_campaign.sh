@@ -61,7 +61,11 @@ rows() {  # rows $1 (comma-separated) from commit $2; more results.py flags afte
 
 done_row() { [ -f "$OUT/rows/$1/params.json" ]; }
 
-interim() { grep -q '"stopped_by": "interim"' "$RELEASE/release.json" 2>/dev/null; }
+# The release's own record, not the interim releases it continued (training.continued_from)
+interim() {
+  python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["training"].get("stopped_by") != "interim")' \
+    "$RELEASE/release.json" 2>/dev/null
+}
 if ! done_row transformer; then
   if interim; then  # continues its committed interim release (or its own checkpoints here)
     rows transformer "$FINETUNE_COMMIT" --init_release "" --continue_release "transformer=$RELEASE"
