@@ -39,6 +39,12 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     # 1.56x the banded rows' real tokens/s on the Bible, docs/performance.md) or "banded"
     # (chunks in rows of 1024, banded attention; what recurrent streams train on).
     config.model.packed_layout = "banded" if variant == "recurrent" else "two_layout"
+    if variant != "recurrent":
+        # Two-layout rows of 1024 * n slots whose global layer reads n spans of 1024
+        # (models/final_two_layout.py: chunk_layout): 2 where a batch holds 2,048 tokens
+        # (final.py:paper sets it; 6% less padding on the Bible, docs/performance.md); 1 for
+        # the default 1,024-token batches (a row a batch).
+        config.model.packed_chunk_spans = 1
     # Context across the chunk boundary (docnmt_jax/models/final_recurrence.py): the target
     # memory and a summary of the previous chunk carried from chunk to chunk, trained on
     # document streams, packed several a row while data.packed is on (data/packed_stream_plan.py;

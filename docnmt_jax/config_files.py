@@ -202,6 +202,7 @@ PAPER_TRAINING = {
     "data.batch_src_tokens": 2048,
     "data.batch_tgt_tokens": 2048,
     "data.train_as": "documents",  # the papers train on the documents, never their cuts
+    "model.packed_chunk_spans": 2,  # FINAL's two-layout rows: one row of 2,048 slots a batch
 }
 PAPER = "paper"
 

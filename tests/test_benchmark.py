@@ -224,6 +224,11 @@ def _check_corpus(result, models, test_sentences):
         for r in layouts:
             assert r["steps"] == corpus["timed_steps"] == 2
             assert _positive(r["tokens_per_s"], r["real_target_tokens"], r["compile_seconds"])
+            # At the epoch's fill: the corpus's target tokens over the epoch's batches.
+            epoch = corpus["corpus"]["tgt_tokens"] / r["batches_per_epoch"]
+            assert r["epoch_tokens_per_step"] == pytest.approx(epoch)
+            mean_step = r["seconds"] / r["steps"]
+            assert r["epoch_tokens_per_s"] == pytest.approx(epoch / mean_step)
             assert 1 <= r["compilations"] <= r["plan_shapes"]
             assert 0.0 < r["padding_fraction"] < 1.0
     packed = runs[("transformer", "packed")]
@@ -360,7 +365,8 @@ def test_dummy_batch_has_no_padding_and_right_segments():
 
 def test_a_models_entry_sets_a_config_field_of_the_model():
     """``--models NAME:SWITCH`` turns a boolean on, ``NAME:FIELD=VALUE`` sets a field (values
-    read as bools and numbers where they are), an unknown field is a usage error."""
+    read as bools and numbers where they are; several joined by ``+``), an unknown field is a
+    usage error."""
     from docnmt_jax.benchmarking import workload
 
     args = argparse.Namespace(size="tiny", dtype="float32", vocab=64)
@@ -370,6 +376,8 @@ def test_a_models_entry_sets_a_config_field_of_the_model():
         workload.build("final:max_relative_distance=3", args, 3).config.max_relative_distance == 3
     )
     assert workload.build("final:recurrent", args, 3).config.recurrent is True
+    several = workload.build("final:packed_layout=two_layout+packed_chunk_spans=2", args, 3)
+    assert (several.config.packed_layout, several.config.packed_chunk_spans) == ("two_layout", 2)
     assert workload.field_value("two_layout") == "two_layout"
     assert workload.field_value("0.5") == 0.5
     with pytest.raises(Exception, match="has no field 'nonsense'"):

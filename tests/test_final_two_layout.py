@@ -17,10 +17,10 @@ from test_final_packed import CFG, ROWS_OF, TGT_LEN, _grid, _loss_grads_logits, 
 from docnmt_jax.data import schema
 from docnmt_jax.data.pipeline import plan_batches
 from docnmt_jax.data.spec import PackingConfig
-from docnmt_jax.data.two_layout_plan import TwoLayoutPlan, align_grid
+from docnmt_jax.data.two_layout_plan import TwoLayoutPlan, align_grid, next_fit_spans
 from docnmt_jax.models.final import FinalModel
 from docnmt_jax.models.final_two_layout import blocks as blocks_of
-from docnmt_jax.models.final_two_layout import memory_rows, permute
+from docnmt_jax.models.final_two_layout import chunk_layout, memory_rows, permute
 
 ROW_LEN, M = 32, CFG.max_sentence_len  # 4 blocks of 8 slots a row
 TWO = dataclasses.replace(CFG, packed_layout="two_layout")
@@ -106,14 +106,16 @@ def _float64(cfg):
     return dataclasses.replace(cfg, dtype=jnp.float64, param_dtype=jnp.float64)
 
 
-def _compare(batches, name, banded):
-    """The two-layout step against the grid, or with ``banded`` against the banded rows."""
+def _compare(batches, name, banded, spans=1):
+    """The two-layout step (global layer over ``spans`` chunk spans a row) against the grid,
+    or with ``banded`` against the banded rows."""
     grid, (aligned, index), (banded_rows, banded_index) = batches
     with jax.enable_x64(True):
         cfg = _float64(dataclasses.replace(CFG, **CASES[name]))
-        two, old = (
-            FinalModel(dataclasses.replace(cfg, packed_layout=p)) for p in ("two_layout", "banded")
+        two = FinalModel(
+            dataclasses.replace(cfg, packed_layout="two_layout", packed_chunk_spans=spans)
         )
+        old = FinalModel(dataclasses.replace(cfg, packed_layout="banded"))
         params = jax.tree.map(lambda x: x.astype(jnp.float64), _params(cfg, grid))
         model, batch = (old, banded_rows) if banded else (two, grid)
         got, want = _fast(
@@ -179,6 +181,12 @@ def test_the_switch_selects_aligned_rows():
         dataclasses.replace(CFG, packed_layout="diagonal")
     with pytest.raises(ValueError, match="block_tokens"):
         PackingConfig("chunk", 1024, drift=4, block_tokens=128)
+    spans = FinalModel(dataclasses.replace(TWO, packed_chunk_spans=2)).packing()
+    assert (spans.row_tokens, spans.chunk_spans) == (2048, 2)
+    with pytest.raises(ValueError, match="packed_chunk_spans"):  # spans: two-layout rows only
+        dataclasses.replace(CFG, packed_chunk_spans=2)
+    with pytest.raises(ValueError, match="chunk_spans"):
+        PackingConfig("chunk", 1024, chunk_spans=2)
 
 
 def test_the_plan_materialises_aligned_rows():
@@ -222,3 +230,52 @@ def test_the_trainer_trains_on_two_layout_rows(synthetic_dir, tmp_path):
     losses = [float(x) for x in result.losses]
     assert len(losses) == 20 and np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0
     assert np.isfinite(result.dev_metrics["dev_loss"])
+
+
+SPANS = 2
+
+
+@pytest.fixture(scope="module")
+def span_batches():
+    """The grid, its aligned rows with two chunk spans a row, and the banded rows."""
+    grid = _grid()
+    aligned = align_grid(grid, ROW_LEN, M, ROWS_OF, chunk_spans=SPANS)
+    banded = schema.pack_grid(grid, ROW_LEN, rows_of=ROWS_OF, drift=CFG.packed_drift)
+    return grid, aligned, banded
+
+
+@pytest.mark.parametrize("name", ["final", pytest.param("final+pre_ln", marks=pytest.mark.slow)])
+def test_the_global_layer_over_chunk_spans_equals_the_grid(span_batches, name):
+    """The global layer read in chunk spans (``packed_chunk_spans``): loss, gradients and
+    logits of the grid (x64)."""
+    _compare(span_batches, name, banded=False, spans=SPANS)
+
+
+def test_chunk_layout_lays_chunks_next_fit_into_spans():
+    """:func:`chunk_layout` on a plan's batches (``chunk_spans=3``) against the NumPy
+    next-fit of each row's chunks: every source token at its chunk's span offset plus its
+    chunk position, inside its span, and ``index`` the inverse of ``inverse``."""
+    sys.path.insert(0, "tests")
+    from test_packed_plan import BASE, DOCS, all_batches, encode
+
+    packing = PackingConfig("chunk", 48, block_tokens=16, chunk_spans=3)
+    cfg = dataclasses.replace(BASE, packing=packing, max_src_len=16, max_tgt_len=16)
+    plan = plan_batches(DOCS, encode, cfg)
+    rows_seen = 0
+    for rows, t in all_batches(plan, 0):
+        packed = plan.materialize(rows, 0, t)
+        index, inverse = (np.asarray(x) for x in chunk_layout(packed, 3))
+        for r in range(packed["src"].shape[0]):
+            chunk, cpos = packed["src_chunk_ids"][r], packed["src_chunk_positions"][r]
+            n = int(chunk.max())
+            lengths = np.array([(chunk == c).sum() for c in range(1, n + 1)], np.int64)
+            span, offset = next_fit_spans(lengths, t // 3)
+            assert span.max(initial=0) < 3 and np.all(offset % (t // 3) + lengths <= t // 3)
+            real = np.flatnonzero(chunk > 0)
+            want = offset[chunk[real] - 1] + cpos[real]
+            np.testing.assert_array_equal(inverse[r, real], want)
+            assert np.all(inverse[r, chunk == 0] == t)
+            np.testing.assert_array_equal(index[r, want], real)
+            assert np.sum(index[r] < t) == real.size
+            rows_seen += n > 1
+    assert rows_seen > 0  # rows with several chunks were laid

@@ -98,7 +98,12 @@ class CorpusRun:
             self.tokens.append(int(batch["tgt_mask"].sum()))
 
     def result(self) -> Results:
+        """The timed steps' real target tokens/s, and at the epoch's fill: the plan's real
+        target tokens per batch over a whole epoch at the timed steps' mean time (a plan has
+        one to a few shapes, so a step's time hardly depends on which batch it is)."""
         plan, seconds = self.plan, sum(self.seconds)
+        epoch_per_step = plan.stats.tgt_tokens / max(plan.batches_per_epoch, 1)
+        mean_step = seconds / len(self.seconds) if self.seconds else 0.0
         return {
             "model": self.name,
             "layout": self.layout,
@@ -112,6 +117,8 @@ class CorpusRun:
             "real_target_tokens": sum(self.tokens),
             "real_tokens_per_step": sum(self.tokens) / max(len(self.tokens), 1),
             "tokens_per_s": sum(self.tokens) / seconds if seconds else 0.0,
+            "epoch_tokens_per_step": epoch_per_step,
+            "epoch_tokens_per_s": epoch_per_step / mean_step if mean_step else 0.0,
         }
 
 
@@ -156,6 +163,9 @@ def corpus_section(args: argparse.Namespace, results: Results) -> Results:
         same_layout = [b for b in out if b["layout"] == r["layout"]]
         base_run = next((b for b in same_layout if b["model"] == "transformer"), same_layout[0])
         r["ratio_to_transformer"] = r["tokens_per_s"] / max(base_run["tokens_per_s"], 1e-9)
+        r["epoch_ratio_to_transformer"] = r["epoch_tokens_per_s"] / max(
+            base_run["epoch_tokens_per_s"], 1e-9
+        )
         grid = next((b for b in out if b["model"] == r["model"] and b["layout"] == "grid"), None)
         r["ratio_to_grid"] = r["tokens_per_s"] / grid["tokens_per_s"] if grid else None
     tasks = {r.name: r.task for r in runs}

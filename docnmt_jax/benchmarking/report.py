@@ -195,9 +195,10 @@ def print_corpus(result: Results) -> None:
     )
     print(
         "| model | layout | batches/epoch | padding % | shapes (plan) | compilations (s) "
-        "| real tgt tokens/step | real tgt tokens/s | × Transformer | × grid |"
+        "| real tgt tokens/step | real tgt tokens/s | × Transformer | × grid "
+        "| at the epoch's fill: tokens/step | tokens/s | × Transformer |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in result["runs"]:
         grid = "" if r["ratio_to_grid"] is None else f"{r['ratio_to_grid']:.2f}"
         print(
@@ -205,7 +206,8 @@ def print_corpus(result: Results) -> None:
             f"| {100 * r['padding_fraction']:.1f} | {r['plan_shapes']} "
             f"| {r['compilations']} ({r['compile_seconds']:.1f}) "
             f"| {r['real_tokens_per_step']:,.0f} | {r['tokens_per_s']:,.0f} "
-            f"| {r['ratio_to_transformer']:.2f} | {grid} |"
+            f"| {r['ratio_to_transformer']:.2f} | {grid} | {r['epoch_tokens_per_step']:,.0f} "
+            f"| {r['epoch_tokens_per_s']:,.0f} | {r['epoch_ratio_to_transformer']:.2f} |"
         )
     if result.get("translate"):
         print_corpus_translate(result["translate"])

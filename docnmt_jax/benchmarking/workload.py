@@ -53,7 +53,8 @@ def build(name: str, args: argparse.Namespace, sentences: int) -> Any:
     ``sentences`` (a segment table of at least that many rows, where the model has one);
     ``NAME:SWITCH`` turns a boolean switch of the model's config on (``final:recurrent``),
     ``NAME:FIELD=VALUE`` sets a field (``final:packed_layout=two_layout``; ``true``/``false``
-    and numbers are read as such)."""
+    and numbers are read as such), several joined by ``+``
+    (``final:packed_layout=two_layout+packed_chunk_spans=2``)."""
     from docnmt_jax.models import build_model
     from docnmt_jax.models.base import registration
 
@@ -72,8 +73,8 @@ def build(name: str, args: argparse.Namespace, sentences: int) -> Any:
     }
     known = {f.name for f in dataclasses.fields(registration(name).config_class)}
     config = {"name": name, **{key: value for key, value in sizes.items() if key in known}}
-    if switch:
-        field, has_value, value = switch.partition("=")
+    for part in switch.split("+") if switch else ():
+        field, has_value, value = part.partition("=")
         if field not in known:
             raise UsageError(f"--models {name}:{switch}: {name} has no field {field!r}")
         config[field] = field_value(value) if has_value else True

@@ -47,7 +47,10 @@ class PackingConfig:
 
     ``block_tokens`` (``unit="chunk"``, ``drift=None``): aligned rows of blocks of
     ``block_tokens`` slots, every sentence inside one block at the same block on both sides
-    (:class:`~docnmt_jax.data.two_layout_plan.TwoLayoutPlan`, FINAL's two-layout step)."""
+    (:class:`~docnmt_jax.data.two_layout_plan.TwoLayoutPlan`, FINAL's two-layout step);
+    ``chunk_spans`` (with ``block_tokens``): the row's chunks also fit, source side, in that
+    many spans of ``L / chunk_spans`` slots, laid next-fit in the row's chunk order (the chunk
+    layout of :func:`~docnmt_jax.models.final_two_layout.chunk_layout`)."""
 
     unit: str = "sentence"
     row_tokens: int = 128
@@ -55,6 +58,7 @@ class PackingConfig:
     max_shapes: int = 4
     max_row_sentences: int | None = None
     block_tokens: int | None = None
+    chunk_spans: int = 1
 
     def __post_init__(self) -> None:
         if self.unit not in PACKING_UNITS:
@@ -81,6 +85,17 @@ class PackingConfig:
             raise ValueError(
                 "PackingConfig.block_tokens needs unit='chunk', drift=None and row_tokens a "
                 f"multiple of it, got {self.block_tokens} (row_tokens {self.row_tokens})"
+            )
+
+        if self.chunk_spans < 1 or (self.chunk_spans > 1 and self.block_tokens is None):
+            raise ValueError(
+                "PackingConfig.chunk_spans must be 1, or >= 1 with block_tokens: "
+                f"{self.chunk_spans}"
+            )
+        if self.row_tokens % self.chunk_spans:
+            raise ValueError(
+                f"PackingConfig.row_tokens {self.row_tokens} is not a multiple of chunk_spans "
+                f"{self.chunk_spans}"
             )
 
     @property

@@ -24,7 +24,11 @@ Packing (deterministic): chunks by decreasing footprint (ties by id); a chunk's 
 shortest row length ``row_tokens * 2**i`` whose empty row holds it; it goes into the fullest
 row of its class that holds it (best fit among the first :data:`MAX_TRIES` rows with enough
 free slots; its sentences best-fit decreasing into the row's blocks, all three rooms
-checked), else into a new row. :class:`TwoLayoutPlan` is a
+checked), else into a new row. With ``PackingConfig.chunk_spans = n > 1`` a row's chunks
+must also fit, source side, into ``n`` spans of ``L / n`` slots (best fit per chunk): a row
+holds its chunks by span, so that the model's next-fit of them into the spans (the chunk
+layout of the global layer, :func:`next_fit_spans`) keeps every chunk inside one span; the
+sentence layout then has ``n`` times the blocks to fill. :class:`TwoLayoutPlan` is a
 :class:`~docnmt_jax.data.packed_plan.PackedPlan` with this placement (the same epochs and
 materialisation); :func:`align_grid` is the reference derivation from a grid batch.
 """
@@ -86,16 +90,19 @@ def assign_blocks(room: Rooms, need: list[list[int]]) -> list[int] | None:
 
 
 class RowPool:
-    """The rows of one row length: their rooms (:data:`Rooms`), free slots per room and
-    chunks, bucketed by usable slots (free on all three rooms of a block, summed over the
-    blocks, in steps of :data:`GRAIN`) for best fit."""
+    """The rows of one row length: their rooms (:data:`Rooms`), free slots per room, chunks
+    and the source slots left in each of their ``spans`` chunk-layout spans, bucketed by
+    usable slots (free on all three rooms of a block, summed over the blocks, in steps of
+    :data:`GRAIN`) for best fit."""
 
-    def __init__(self, blocks: int, block_tokens: int):
-        self.blocks, self.block_tokens = blocks, block_tokens
+    def __init__(self, blocks: int, block_tokens: int, spans: int = 1):
+        self.blocks, self.block_tokens, self.spans = blocks, block_tokens, spans
         self.rooms: list[Rooms] = []
         self.free: list[list[int]] = []
         self.widest: list[int] = []  # the most a block can still take on all three rooms
         self.members: list[list[int]] = []
+        self.span_free: list[list[int]] = []  # source slots left per span
+        self.span_of: list[list[int]] = []  # the span of each member
         self.buckets: dict[int, set[int]] = {}
 
     def _file(self, r: int, old: int | None, need: list[list[int]]) -> None:
@@ -106,15 +113,26 @@ class RowPool:
         usable = sum(min(room) for room in self.rooms[r])  # slots free on all three rooms
         self.buckets.setdefault(usable // GRAIN, set()).add(r)
 
+    def _span(self, r: int, source: int) -> int | None:
+        """The fullest span of row ``r`` with ``source`` slots left (best fit), or None."""
+        fits = [(free, j) for j, free in enumerate(self.span_free[r]) if free >= source]
+        return min(fits)[1] if fits else None
+
+    def _join(self, r: int, item: int, span: int, source: int) -> None:
+        self.members[r].append(item)
+        self.span_of[r].append(span)
+        self.span_free[r][span] -= source
+
     def add(self, item: int, need: list[list[int]]) -> list[int] | None:
         """Places chunk ``item`` (its sentences' ``need``) in the fullest row that holds it
         (of the first :data:`MAX_TRIES` with enough free slots), else in a new row; returns its
         sentences' blocks, or None when an empty row cannot hold it."""
         empty = [[self.block_tokens] * ROOMS for _ in range(self.blocks)]
-        fresh = assign_blocks(empty, need)
+        total = [sum(n[i] for n in need) for i in range(ROOMS)]
+        span_width = self.blocks * self.block_tokens // self.spans
+        fresh = assign_blocks(empty, need) if total[0] <= span_width else None
         if fresh is None:
             return None
-        total = [sum(n[i] for n in need) for i in range(ROOMS)]
         largest = max(max(n) for n in need)
         tried, first_key = 0, -(-max(total) // GRAIN)
         for key in range(first_key, self.blocks * self.block_tokens // GRAIN + 1):
@@ -124,18 +142,46 @@ class RowPool:
                     continue
                 if free[0] < total[0] or free[1] < total[1] or free[2] < total[2]:
                     continue
+                span = self._span(r, total[0])
+                if span is None:
+                    continue
                 tried += 1
                 block = assign_blocks(self.rooms[r], need)
                 if block is not None:
                     self._file(r, key, need)
-                    self.members[r].append(item)
+                    self._join(r, item, span, total[0])
                     return block
         self.rooms.append(empty)
         self.free.append([self.blocks * self.block_tokens] * ROOMS)
         self.widest.append(self.block_tokens)
-        self.members.append([item])
+        self.members.append([])
+        self.span_of.append([])
+        self.span_free.append([span_width] * self.spans)
         self._file(len(self.rooms) - 1, None, need)
+        self._join(len(self.rooms) - 1, item, 0, total[0])
         return fresh
+
+    def rows(self) -> list[np.ndarray]:
+        """Each row's chunks in chunk order: by span, then by id (so that laying them next-fit
+        into the spans, :func:`next_fit_spans`, keeps every chunk inside one span)."""
+        return [
+            np.asarray([m for _, m in sorted(zip(spans, members, strict=True))], np.int64)
+            for spans, members in zip(self.span_of, self.members, strict=True)
+        ]
+
+
+def next_fit_spans(lengths: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Chunks of ``lengths`` source tokens laid in order into spans of ``width`` slots, each
+    in the current span while it fits, else at the start of the next: ``(span, offset)`` per
+    chunk (the reference of :func:`~docnmt_jax.models.final_two_layout.chunk_layout`)."""
+    span, offset = np.zeros(lengths.size, np.int64), np.zeros(lengths.size, np.int64)
+    current, used = 0, 0
+    for c, n in enumerate(lengths.tolist()):
+        if used + n > width:
+            current, used = current + 1, 0
+        span[c], offset[c] = current, current * width + used
+        used += n
+    return span, offset
 
 
 def block_offsets(block: np.ndarray, lengths: np.ndarray, block_tokens: int) -> np.ndarray:
@@ -167,7 +213,7 @@ class TwoLayoutPlan(PackedPlan):
         ]
         footprint = np.array([n[:, :2].sum(0).max() if n.size else 0 for n in needs], np.int64)
         order = np.lexsort((np.arange(footprint.size), -footprint))
-        pools = [RowPool(int(L) // M, M) for L in row_lengths]
+        pools = [RowPool(int(L) // M, M, self.packing.chunk_spans) for L in row_lengths]
         self._blocks = np.zeros(int(lengths["src"].size), np.int64)
         for item in order.tolist():
             need = needs[item].tolist()
@@ -180,7 +226,7 @@ class TwoLayoutPlan(PackedPlan):
                 )
             start = int(c["start"][item])
             self._blocks[start : start + len(block)] = block
-        rows = [np.sort(np.asarray(m, np.int64)) for p in pools for m in p.members]
+        rows = [row for p in pools for row in p.rows()]
         counts = np.array([len(p.rooms) for p in pools], np.int64)
         real = int(lengths["src"].sum() + lengths["tgt"].sum())
         slots = 2 * int((counts * row_lengths).sum())
@@ -217,15 +263,25 @@ class TwoLayoutPlan(PackedPlan):
 
 
 def align_grid(
-    batch: Mapping[str, np.ndarray], row_len: int, block_tokens: int, rows_of: list[list[int]]
+    batch: Mapping[str, np.ndarray],
+    row_len: int,
+    block_tokens: int,
+    rows_of: list[list[int]],
+    chunk_spans: int = 1,
 ) -> tuple[schema.Batch, np.ndarray]:
     """The aligned rows (module docstring) of the chunks of a grid ``batch`` ``[B, S, T]``:
     packed row ``r`` holds grid rows ``rows_of[r]``, their sentences with a real source or
     target token. Returns ``(packed, index)`` as :func:`~docnmt_jax.data.schema.pack_grid`
     (``index``: the grid ``(b, s, t)`` of each target slot, -1 on padding). Raises
-    :class:`~docnmt_jax.data.packed_plan.PackingError` when a row does not hold its chunks."""
+    :class:`~docnmt_jax.data.packed_plan.PackingError` when a row does not hold its chunks,
+    or (``chunk_spans``) when their sources, next-fit in order, need more spans."""
     M, n_blocks = block_tokens, row_len // block_tokens
     lengths = {side: np.asarray(batch[f"{side}_mask"]).sum(-1) for side in schema.SIDES}
+    for r, grid_rows in enumerate(rows_of):
+        sources = np.array([lengths["src"][b].sum() for b in grid_rows], np.int64)
+        span, _ = next_fit_spans(sources, row_len // chunk_spans)
+        if span.size and (span.max() >= chunk_spans or sources.max() > row_len // chunk_spans):
+            raise PackingError(f"aligned row {r}: its chunks need more than {chunk_spans} spans")
     out = {name: np.zeros((len(rows_of), row_len), schema.DTYPE) for name in schema.PACKED_FEATURES}
     index = np.full((len(rows_of), row_len, 3), -1, schema.DTYPE)
     for r, grid_rows in enumerate(rows_of):

@@ -169,8 +169,9 @@ class Final(final_decode.FinalSearchSteps):
         """Packed source rows ``src [B, L]`` (:data:`Segments`) -> ``h [B, L, D]``: what
         :meth:`encode` gives every real token of the grid. Local layers attend within the
         sentence (``doc2sent``: the chunk, dense over the row), banded; the global layer within
-        the chunk, dense over the row, at clipped sentence-index distances; tokens of chunks
-        with one sentence (and no ``memory`` to read) keep ``h^L``. ``memory``: the carried
+        the chunk, dense over the row (or its chunk spans, ``packed_chunk_spans``), at clipped
+        sentence-index distances; tokens of chunks with one sentence (and no ``memory`` to
+        read) keep ``h^L``. ``memory``: the carried
         summaries each row's tokens may read, ``[B, K, D]`` and mask ``[B, 1, L, K]``
         (:func:`~.final_recurrence.packed_memory_keys`)."""
         cfg = self.config
@@ -191,14 +192,9 @@ class Final(final_decode.FinalSearchSteps):
         for layer in self.encoder_layers:
             x = layer(x, mask, band)
         h = band.unblock(x)
-        if cfg.segment_relative_attention:
-            chunk_mask = layers.segment_mask(chunks, chunks)  # [B, 1, L, L]
-            h_global, _ = self.global_layer(h, chunk_mask, sidx, memory)
-            other = sidx[:, None, None, :] != sidx[:, None, :, None]
-            several = jnp.any(chunk_mask & other, axis=(1, 3))  # the chunk has > 1 sentence
-            if memory is not None:  # or a memory to read
-                several = several | jnp.any(memory[1], axis=(1, 3))
-            h = jnp.where(several[..., None], h_global, h)
+        if cfg.segment_relative_attention:  # over the row, or its chunk spans (two_layout)
+            spans = cfg.packed_chunk_spans if cfg.packed_layout == "two_layout" else 1
+            h = final_two_layout.global_context(self.global_layer, h, segments, spans, memory)
         if cfg.pre_ln:
             h = self.encoder_norm(h)
         return h
@@ -421,7 +417,8 @@ class FinalModel(BaseModel):
         cross-attention windows rely on). Packed rows are banded for sentences of at most
         ``max_sentence_len`` tokens and chunks of at most ``max_segments`` sentences: longer
         ones would lose keys silently. ``packed_layout="two_layout"``: aligned rows of blocks
-        of ``max_sentence_len`` slots (:mod:`docnmt_jax.data.two_layout_plan`). Recurrent:
+        of ``max_sentence_len`` slots (:mod:`docnmt_jax.data.two_layout_plan`), rows of
+        ``1024 * packed_chunk_spans`` whose chunks fit spans of 1024 source slots. Recurrent:
         document streams (``bptt_chunks`` steps of a stream a batch), packed as the banded rows
         (:mod:`docnmt_jax.data.packed_stream_plan`) or on the grid, sentences of at most
         ``max_sentence_len`` tokens (the carried target memory's length)."""
@@ -439,11 +436,16 @@ class FinalModel(BaseModel):
                 ),
             )
         aligned = cfg.max_sentence_len if cfg.packed_layout == "two_layout" else None
+        spans = cfg.packed_chunk_spans if aligned else 1
         return DataSpec(
             rows=self.layout.value,
             context="chunk",
             packing=PackingConfig(  # two_layout: aligned rows (data/two_layout_plan.py)
-                "chunk", 1024, None if aligned else cfg.packed_drift, block_tokens=aligned
+                "chunk",
+                1024 * spans,
+                None if aligned else cfg.packed_drift,
+                block_tokens=aligned,
+                chunk_spans=spans,
             ),
             limits=DataLimits(
                 packed_sentence_tokens=Bound(cfg.max_sentence_len, "max_sentence_len"),

@@ -105,7 +105,10 @@ class FinalConfig(TransformerConfig):
     either side; the attention windows are sized from them (module docstring).
     ``packed_layout``: ``"banded"`` (those rows) or ``"two_layout"``, aligned rows read in a
     sentence and a chunk layout (:mod:`.final_two_layout`; ``packed_block``/``drift`` unused;
-    ``recurrent`` trains on banded packed streams: ``"banded"`` only).
+    ``recurrent`` trains on banded packed streams: ``"banded"`` only). ``packed_chunk_spans``
+    (``two_layout``): rows of ``1024 * n`` slots whose global layer reads ``n`` spans of 1024
+    (:func:`~.final_two_layout.chunk_layout`): 2 fills the sentence layout better where a batch
+    holds 2,048 tokens (``docs/performance.md``).
     """
 
     reset_word_positions: bool = True
@@ -123,6 +126,7 @@ class FinalConfig(TransformerConfig):
     recurrent: bool = False  # context across chunks: final_recurrence.py
     bptt_chunks: int = 1  # recurrent: chunks of a stream back-propagated through together
     packed_layout: str = "banded"  # PACKED_LAYOUTS
+    packed_chunk_spans: int = 1  # two_layout: rows of 1024 * n, the global layer per span
 
     def __post_init__(self) -> None:
         if self.doc2sent_cross_attention not in DOC2SENT_CROSS_ATTENTION:
@@ -148,6 +152,13 @@ class FinalConfig(TransformerConfig):
             raise ValueError(f"max_sentence_len must be >= 1: {self.max_sentence_len}")
         if self.bptt_chunks < 1 or (self.bptt_chunks > 1 and not self.recurrent):
             raise ValueError(f"bptt_chunks must be 1, or >= 1 with recurrent: {self.bptt_chunks}")
+        if self.packed_chunk_spans < 1 or (
+            self.packed_chunk_spans > 1 and self.packed_layout != "two_layout"
+        ):
+            raise ValueError(
+                "packed_chunk_spans must be 1, or >= 1 with packed_layout='two_layout': "
+                f"{self.packed_chunk_spans}"
+            )
         if self.recurrent and self.packed_layout != "banded":
             raise ValueError(
                 "recurrent trains on banded packed streams (or the grid): set "

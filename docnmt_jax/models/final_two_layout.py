@@ -10,7 +10,11 @@ A batch of aligned rows ``[B, L]`` is read in two layouts without moving a token
   ``h_k`` and everything position-wise;
 * **chunk layout** (the row): the global layer, Eq. (1), dense over the row and masked to the
   chunk, its segment term one widened product (:class:`~.final_layers.SegmentRelativeAttention`);
-  ``doc2sent``'s local layers and the chunk-wide cross-attention likewise.
+  ``doc2sent``'s local layers and the chunk-wide cross-attention likewise. With
+  ``packed_chunk_spans = n > 1`` the global layer reads the row's chunks gathered into ``n``
+  spans of ``L / n`` slots (:func:`chunk_layout`, each chunk contiguous inside one span, laid
+  next-fit in chunk order as the planner guarantees), dense over a span: rows ``n`` times
+  longer give the sentence layout more blocks to fill at the global layer's cost per token.
 
 The XL memory of a block is gathered by index (:func:`memory_rows`): the stop-gradient layer
 inputs of the previous sentences of the block's sentences, laid one after another in a memory
@@ -127,6 +131,66 @@ def _permute_bwd(residuals: tuple[Array, Array], g: Array) -> tuple[Array, None,
 
 
 permute.defvjp(_permute_fwd, _permute_bwd)
+
+
+def chunk_layout(segments: Segments, spans: int) -> tuple[Array, Array]:
+    """Where the global layer's chunk layout reads the source rows ``[B, L]``: ``(index,
+    inverse)`` as :func:`permute` takes them. The row's chunks (ids ``1..n`` in order) are laid
+    next-fit into ``spans`` spans of ``W = L / spans`` slots (a chunk stays in the current
+    span while it fits, else starts the next; :func:`~docnmt_jax.data.two_layout_plan.
+    next_fit_spans` is the reference), each chunk's tokens at their chunk positions. A chunk
+    that finds no span (which the planner never lays) is left out rather than overlaid."""
+    chunk, cpos = segments["src_chunk_ids"], segments["src_chunk_positions"]
+    B, L = chunk.shape
+    width, rows = L // spans, jnp.arange(B)[:, None]
+    real = chunk > 0
+    length = jnp.zeros((B, L + 1), jnp.int32).at[rows, chunk].add(real.astype(jnp.int32))
+    end = jnp.cumsum(length, axis=1)  # the end of chunk c with the chunks laid end to end
+    start, base = end - length, jnp.zeros((B, 1), jnp.int32)
+    offset, placed = jnp.full((B, L + 1), L, jnp.int32), jnp.zeros((B, L + 1), bool)
+    for span in range(spans):  # next fit: unplaced chunks are a suffix, ``end`` is sorted
+        fits = ~placed & (end - base <= width)
+        offset = jnp.where(fits, span * width + start - base, offset)
+        placed = placed | fits
+        base = jnp.max(jnp.where(placed, end, 0), axis=1, keepdims=True)
+    slot = jnp.take_along_axis(offset, chunk, axis=1) + cpos
+    inverse = jnp.where(real & (slot < L), slot, L).astype(jnp.int32)
+    index = (
+        jnp.full((B, L), L, jnp.int32)
+        .at[rows, inverse]
+        .set(jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L)), mode="drop")
+    )
+    return index, inverse
+
+
+def global_context(
+    layer: Callable[..., tuple[Array, Array]],
+    h: Array,
+    segments: Segments,
+    spans: int = 1,
+    memory: tuple[Array, Array] | None = None,
+) -> Array:
+    """The global layer (Eq. 1) over packed source rows ``h [B, L, D]``: dense over the row
+    masked to the chunk (``spans = 1``), or over the spans of :func:`chunk_layout`; tokens of
+    chunks with one sentence (and no ``memory`` to read) keep ``h^L``."""
+    chunks, sidx = segments["src_chunk_ids"], segments["src_sentence_index"]
+    B, L, D = h.shape
+    if spans > 1:
+        index, inverse = chunk_layout(segments, spans)
+        chunks, sidx = (_read(x, index).reshape(B * spans, -1) for x in (chunks, sidx))
+        x = permute(h, index, inverse).reshape(B * spans, L // spans, D)
+    else:
+        x = h
+    chunk_mask = layers.segment_mask(chunks, chunks)  # [B', 1, W, W]
+    h_global, _ = layer(x, chunk_mask, sidx, memory)
+    other = sidx[:, None, None, :] != sidx[:, None, :, None]
+    several = jnp.any(chunk_mask & other, axis=(1, 3))  # the chunk has > 1 sentence
+    if memory is not None:  # or a memory to read
+        several = several | jnp.any(memory[1], axis=(1, 3))
+    if spans > 1:
+        h_global = permute(h_global.reshape(B, L, D), inverse, index)
+        several = _read(several.reshape(B, L), inverse, False)
+    return jnp.where(several[..., None], h_global, h)
 
 
 class GatheredBand(layers.Band):
