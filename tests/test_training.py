@@ -237,7 +237,9 @@ def test_own_corpus_files_and_existing_tokenizer(synthetic_dir, tmp_path):
     config.data.tokenizer = str(tmp_path / "a" / "spm.model")
     result = trainer.train_and_evaluate(config, str(tmp_path / "b"))
     assert result.step == 2 and np.isfinite(result.dev_metrics["dev_loss"])
-    assert not os.path.exists(tmp_path / "b" / "spm.model")
+    # The named tokenizer is copied in (a self-contained workdir), not a new one trained.
+    copied = (tmp_path / "b" / "spm.model").read_bytes()
+    assert copied == (tmp_path / "a" / "spm.model").read_bytes()
     config.data.dev = ""
     with pytest.raises(ValueError, match="config.data.dev is empty"):
         trainer.train_and_evaluate(config, str(tmp_path / "c"))
