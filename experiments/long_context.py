@@ -6,13 +6,14 @@ Every row is the same tiny model (the context-proof size: d_model 64, 2+2 layers
 vocabulary, no dropout, no label smoothing, no EMA, best checkpoint by dev loss) trained for
 the same number of steps of 2,048 source tokens on the same corpus; the three configs differ
 only as their files do (``transformer.py``; ``final.py``, multi-resolution chunks, packed;
-``final.py:recurrent``, document streams). Each run is translated greedily
+``final.py:recurrent``, document streams; ``recurrent_bptt2``/``_bptt4``: back-propagated
+through 2 or 4 chunks of a stream, ``model.bptt_chunks``). Each run is translated greedily
 (``docnmt-translate``) and scored with ``docnmt-evaluate --labels``: accuracy per register
 distance 1-60 (the register is set by the document's first sentence) and on the elided verb
 at chunk starts (its antecedent is the previous chunk's last sentence).
 
     python experiments/long_context.py --out runs/long_context [--steps 3000] \
-        [--curriculum_steps 800] [--rows sentence,chunked,recurrent] \
+        [--curriculum_steps 800] [--rows sentence,chunked,recurrent,recurrent_bptt2] \
         [--train_docs 600 --dev_docs 30 --test_docs 150]
 
 Every row first trains ``--curriculum_steps`` of its ``--steps`` on short dense documents of
@@ -44,6 +45,15 @@ ROWS = {
     "sentence": "transformer.py",
     "chunked": "final.py",
     "recurrent": "final.py:recurrent",
+    "recurrent_bptt2": "final.py:recurrent",
+    "recurrent_bptt4": "final.py:recurrent",
+}
+#: The rows run unless ``--rows`` names others.
+DEFAULT_ROWS = ("sentence", "chunked", "recurrent")
+#: A row's own overrides: recurrent FINAL back-propagated through k chunks of a stream.
+ROW_OVERRIDES = {
+    "recurrent_bptt2": ("--config.model.bptt_chunks=2",),
+    "recurrent_bptt4": ("--config.model.bptt_chunks=4",),
 }
 
 #: The overrides every row shares (the context-proof model size and schedule).
@@ -152,6 +162,7 @@ def train(
             f"--config.train.eval_every={max(steps // 4, 1)}",
             f"--config.train.checkpoint_every={max(steps // 4, 1)}",
             *SHARED,
+            *ROW_OVERRIDES.get(row, ()),
             *extra,
             *overrides,
         ],
@@ -228,7 +239,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--rows", default=",".join(ROWS))
+    parser.add_argument("--rows", default=",".join(DEFAULT_ROWS), help=f"of {', '.join(ROWS)}")
     parser.add_argument("--train_docs", type=int, default=600)
     parser.add_argument("--dev_docs", type=int, default=30)
     parser.add_argument("--test_docs", type=int, default=150)

@@ -261,3 +261,28 @@ def test_prepare_writes_the_corpus_and_evaluate_scores_it(tmp_path):
     assert got["by_phenomenon_distance"]["register"]["1"]["total"] == sum(
         lb.phenomenon == "register" and lb.distance == 1 for lb in labels
     )
+
+
+def test_long_context_rows_pass_their_own_overrides(tmp_path, monkeypatch):
+    """``experiments/long_context.py``'s ``recurrent_bptt2`` trains recurrent FINAL with
+    ``model.bptt_chunks=2``; the plain ``recurrent`` row passes no such override."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from experiments import long_context
+
+    commands = {}
+
+    def fake_run(argv, log):  # the command, and the workdir train() marks done
+        workdir = next(a for a in argv if a.startswith("--workdir=")).split("=", 1)[1]
+        os.makedirs(workdir)
+        commands[os.path.basename(workdir)] = argv
+
+    monkeypatch.setattr(long_context, "run", fake_run)
+    monkeypatch.setattr(long_context, "tokenizer", lambda out, data: "spm.model")
+    for row in ("recurrent", "recurrent_bptt2"):
+        long_context.train(str(tmp_path), "DATA", row, 8)
+    plain, bptt2 = commands["recurrent"], commands["recurrent_bptt2"]
+    assert "--config=final.py:recurrent" in plain and "--config=final.py:recurrent" in bptt2
+    assert "--config.model.bptt_chunks=2" in bptt2
+    assert not any("bptt_chunks" in arg for arg in plain)
