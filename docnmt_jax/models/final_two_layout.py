@@ -100,15 +100,23 @@ def memory_rows(segments: Segments, width: int) -> MemoryRows:
     take = lambda table: jnp.take_along_axis(table, nxt, axis=1)  # noqa: E731
     is_memory = real & (take(chunk_of) == chunk) & (take(sidx_of) == sidx + 1)
     inverse = jnp.where(is_memory & (take(offset_of) + pos < width), take(first_of) + pos, L)
-    index = (
-        jnp.full((B, L), L, jnp.int32).at[rows, inverse].set(slot.astype(jnp.int32), mode="drop")
-    )
+    index = invert(inverse)
     q = lambda x: blocks(x, width)[:, :, None]  # noqa: E731
     mem_seg, mem_chunk, mem_cpos = (
         blocks(_read(x, index, -1), width)[:, None] for x in (seg, chunk, cpos)
     )
     mask = (mem_seg == q(seg) - 1) & (mem_chunk == q(chunk)) & (q(sidx) > 0) & (q(seg) > 0)
     return MemoryRows(index, inverse.astype(jnp.int32), mask[:, None], q(cpos) - mem_cpos)
+
+
+def invert(inverse: Array) -> Array:
+    """The gather ``index [B, L]`` of an injective placement ``inverse [B, L]`` (each slot's
+    place in the output, ``L`` where it is not placed): ``index[b, inverse[b, s]] = s``, ``L``
+    at the places no slot takes."""
+    B, L = inverse.shape
+    slots = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+    rows = jnp.arange(B)[:, None]
+    return jnp.full((B, L), L, jnp.int32).at[rows, inverse].set(slots, mode="drop")
 
 
 @jax.custom_vjp
@@ -155,12 +163,7 @@ def chunk_layout(segments: Segments, spans: int) -> tuple[Array, Array]:
         base = jnp.max(jnp.where(placed, end, 0), axis=1, keepdims=True)
     slot = jnp.take_along_axis(offset, chunk, axis=1) + cpos
     inverse = jnp.where(real & (slot < L), slot, L).astype(jnp.int32)
-    index = (
-        jnp.full((B, L), L, jnp.int32)
-        .at[rows, inverse]
-        .set(jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L)), mode="drop")
-    )
-    return index, inverse
+    return invert(inverse), inverse
 
 
 def global_context(
